@@ -1,0 +1,102 @@
+"""The one settings object of nightscore: every option, its default, and its NIGHTSCORE_ variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TOPIC_LABELS: dict[str, str] = {
+    "sports": "sports, athletes, teams, matches and championships",
+    "politics": "politics, elections, governments, parliaments and policy",
+    "technology": "technology, software, computers, chips and the internet",
+    "cooking": "cooking, recipes, food, kitchens and restaurants",
+    "travel": "travel, tourism, flights, hotels and destinations",
+    "finance": "finance, markets, stocks, banks and the economy",
+    "health": "health, medicine, doctors, fitness and disease",
+    "music": "music, bands, albums, concerts and songs",
+}
+
+DEFAULT_EVENT_WEIGHTS: dict[str, float] = {"view": 1.0, "click": 2.0, "purchase": 4.0}
+
+
+class Settings(BaseSettings):
+    """Every nightscore option; each is also read from the environment as NIGHTSCORE_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="NIGHTSCORE_", env_nested_delimiter="__", extra="ignore")
+
+    # --- where things live -------------------------------------------------------------------
+    home: Path = Field(Path(".nightscore"), description="Folder of the embedded defaults (lake, DuckDB, cache).")
+    lake_url: str | None = Field(None, description="Lake root: a local path or s3://bucket/prefix. Default <home>/lake.")
+    warehouse_url: str | None = Field(None, description="DuckDB file path. Default <home>/warehouse.duckdb.")
+    cache_url: str | None = Field(
+        None, description="Embedded cache file (SQLite) or redis://host:port/db. Default <home>/cache.sqlite."
+    )
+    cache_prefix: str = Field("nightscore", description="Key prefix of every cache entry.")
+
+    # --- encoder ---------------------------------------------------------------------------
+    encoder: Literal["minilm", "tiny"] = Field(
+        "minilm", description="minilm: the real all-MiniLM-L6-v2; tiny: a random 1-layer model of the same shape (tests)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="auto: fp32 on CPU, bf16 on CUDA.")
+    num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
+    max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
+    token_budget: int | None = Field(
+        None, ge=64, description="Max rows x padded length per batch. Default 2048 on CPU, 65536 on CUDA."
+    )
+    bucket_boundaries: list[int] = Field(
+        [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."
+    )
+    shard_size: int = Field(1024, ge=1, description="Rows per shard (the unit of scheduling and checkpointing).")
+
+    # --- scoring ---------------------------------------------------------------------------
+    topic_labels: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_TOPIC_LABELS), description="Topic name -> description embedded as its label."
+    )
+    topic_temperature: float = Field(0.05, gt=0, description="Softmax temperature over label cosines.")
+    top_k: int = Field(100, ge=1, le=1000, description="Candidates per user.")
+    user_chunk: int = Field(2048, ge=1, description="Users per matrix product in candidate retrieval.")
+    recency_half_life_days: float = Field(14.0, gt=0, description="Half-life of an interaction's weight.")
+    event_weights: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS), description="Weight of each event type in user vectors."
+    )
+
+    # --- contracts -------------------------------------------------------------------------
+    quarantine_max_share: float = Field(
+        0.05, ge=0, le=1, description="A dataset with a larger quarantined share fails the run (exit 3)."
+    )
+    max_text_chars: int = Field(100_000, ge=1, description="Longest accepted item text, in characters.")
+    future_tolerance_hours: float = Field(24.0, ge=0, description="How far past the run date a timestamp may lie.")
+
+    # --- prefect ---------------------------------------------------------------------------
+    prefect_startup_timeout_s: int = Field(120, ge=1, description="Startup timeout of Prefect's temporary server.")
+
+    @field_validator("bucket_boundaries")
+    @classmethod
+    def _sorted_boundaries(cls, value: list[int]) -> list[int]:
+        if not value or sorted(set(value)) != value or value[0] < 1:
+            raise ValueError("bucket_boundaries must be strictly increasing positive integers")
+        return value
+
+    @property
+    def lake_root(self) -> str:
+        """Return the lake root URI (local path or s3://...)."""
+        return self.lake_url or str(self.home / "lake")
+
+    @property
+    def warehouse_location(self) -> str:
+        """Return the warehouse URL or DuckDB path."""
+        return self.warehouse_url or str(self.home / "warehouse.duckdb")
+
+    @property
+    def cache_location(self) -> str:
+        """Return the cache URL (redis://) or embedded store path."""
+        return self.cache_url or str(self.home / "cache.sqlite")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Return settings read from NIGHTSCORE_* variables, with explicit overrides on top."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
