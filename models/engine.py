@@ -1,0 +1,127 @@
+"""The batch encoding engine: global length planning, token-budget batches, input order restored."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from models.encoder import TextEncoder
+from models.planning import plan_batches
+
+log = logging.getLogger(__name__)
+
+CPU_TOKEN_BUDGET = 2048
+CUDA_TOKEN_BUDGET = 65536
+
+
+@dataclass
+class EncodeStats:
+    """What one encode call did: rows, real vs padded tokens, truncations, batches, time."""
+
+    texts: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    truncated: int = 0
+    batches: int = 0
+    oom_splits: int = 0
+    seconds: float = 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Return real tokens / computed token slots (1.0 means no padding at all)."""
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+    def merge(self, other: "EncodeStats") -> "EncodeStats":
+        """Return the sum of two stats (shards add up to a run)."""
+        fields = {k: v + getattr(other, k) for k, v in asdict(self).items()}
+        return EncodeStats(**fields)
+
+    def as_dict(self) -> dict[str, float]:
+        """Return the stats with the derived padding efficiency, for logs and tables."""
+        return {**asdict(self), "padding_efficiency": round(self.padding_efficiency, 4)}
+
+
+def default_token_budget(device: torch.device) -> int:
+    """Return the default batch token budget for a device (small on CPU: larger was slower here)."""
+    return CUDA_TOKEN_BUDGET if device.type == "cuda" else CPU_TOKEN_BUDGET
+
+
+def encode_texts(encoder: TextEncoder, texts: list[str], token_budget: int | None = None) -> tuple[np.ndarray, EncodeStats]:
+    """Return (embeddings in input order, stats) for texts, batched by a token budget."""
+    started = time.perf_counter()
+    budget = token_budget or default_token_budget(encoder.device)
+    ids, full_lengths = encoder.tokenize(texts)
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    out = np.empty((len(texts), encoder.dim), dtype=np.float32)
+    runner = _BatchRunner(encoder, ids, out, budget)
+    for rows, tensors in _prefetched(plan_batches(lengths, budget), ids, encoder):
+        runner.run(rows, tensors)
+    stats = EncodeStats(
+        texts=len(texts), real_tokens=int(lengths.sum()), padded_tokens=runner.padded,
+        truncated=int((full_lengths > encoder.max_length).sum()), batches=runner.batches,
+        oom_splits=runner.oom_splits, seconds=time.perf_counter() - started,
+    )
+    return out, stats
+
+
+def _prefetched(
+    batches: list[np.ndarray], ids: list[list[int]], encoder: TextEncoder
+) -> Iterator[tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]]]:
+    """Yield (rows, collated tensors), collating the next batch while the current one computes."""
+    pin = encoder.device.type == "cuda"
+
+    def collate(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids, mask = encoder.collate([ids[i] for i in rows])
+        return (input_ids.pin_memory(), mask.pin_memory()) if pin else (input_ids, mask)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collate") as pool:
+        pending = pool.submit(collate, batches[0]) if batches else None
+        for i, rows in enumerate(batches):
+            tensors = pending.result()
+            pending = pool.submit(collate, batches[i + 1]) if i + 1 < len(batches) else None
+            yield rows, tensors
+
+
+class _BatchRunner:
+    """Runs planned batches into the output matrix; on CUDA OOM splits the batch and lowers the budget."""
+
+    def __init__(self, encoder: TextEncoder, ids: list[list[int]], out: np.ndarray, budget: int) -> None:
+        self.encoder, self.ids, self.out, self.budget = encoder, ids, out, budget
+        self.padded = self.batches = self.oom_splits = 0
+
+    def run(self, rows: np.ndarray, tensors: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Encode rows (using pre-collated tensors when given) and store them in out."""
+        longest = max(len(self.ids[i]) for i in rows)
+        if len(rows) > 1 and len(rows) * longest > self.budget:
+            return self._split(rows)
+        if tensors is None:
+            tensors = self.encoder.collate([self.ids[i] for i in rows])
+        try:
+            self.out[rows] = self.encoder.embed(*tensors)
+        except torch.OutOfMemoryError:
+            if len(rows) == 1:
+                raise
+            self._lower_budget(len(rows) * longest)
+            return self._split(rows)
+        self.padded += len(rows) * longest
+        self.batches += 1
+
+    def _split(self, rows: np.ndarray) -> None:
+        half = len(rows) // 2
+        self.run(rows[:half])
+        self.run(rows[half:])
+
+    def _lower_budget(self, failed_tokens: int) -> None:
+        self.oom_splits += 1
+        self.budget = max(failed_tokens // 2, 1)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        log.warning("CUDA out of memory at %d tokens: batch split, budget lowered to %d", failed_tokens, self.budget)
+
+

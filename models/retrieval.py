@@ -1,0 +1,72 @@
+"""Stage one of the ranker: user vectors from interactions, exact top-K items by cosine, in chunks.
+
+User vector (documented formula):
+    u = normalize( sum_i  w_event(i) * 0.5 ** (age_days(i) / half_life_days) * e_item(i) )
+where age_days is measured from the run's reference time. Items a user interacted with are
+excluded from that user's candidates. Ties in score are broken by the lower item index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Interactions:
+    """Interactions as parallel arrays: user row, item row and weight per interaction."""
+
+    user_rows: np.ndarray
+    item_rows: np.ndarray
+    weights: np.ndarray
+    n_users: int
+
+
+def user_vectors(item_vectors: torch.Tensor, inter: Interactions) -> torch.Tensor:
+    """Return unit-norm user vectors: the weighted sum of their items' embeddings, normalised."""
+    users = torch.zeros((inter.n_users, item_vectors.shape[1]), dtype=torch.float32, device=item_vectors.device)
+    rows = torch.from_numpy(inter.user_rows.astype(np.int64)).to(item_vectors.device)
+    weighted = item_vectors[torch.from_numpy(inter.item_rows.astype(np.int64)).to(item_vectors.device)]
+    weighted = weighted * torch.from_numpy(inter.weights.astype(np.float32)).to(item_vectors.device)[:, None]
+    users.index_add_(0, rows, weighted)
+    return torch.nn.functional.normalize(users, p=2, dim=1)
+
+
+def top_k_items(
+    users: torch.Tensor, items: torch.Tensor, seen: Interactions, k: int, chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (item rows, scores), each (n_users, k'), of the top items per user excluding seen ones.
+
+    Memory is bounded by chunk x n_items. k' = min(k, n_items); a slot a user cannot fill
+    (fewer unseen items than k) has item row -1 and score -inf.
+    """
+    k = min(k, items.shape[0])
+    out_rows = np.full((users.shape[0], k), -1, dtype=np.int64)
+    out_scores = np.full((users.shape[0], k), -np.inf, dtype=np.float32)
+    order = np.argsort(seen.user_rows, kind="stable")
+    seen_users, seen_items = seen.user_rows[order].astype(np.int64), seen.item_rows[order].astype(np.int64)
+    bounds = np.searchsorted(seen_users, np.arange(0, users.shape[0] + chunk, chunk))
+    for n, start in enumerate(range(0, users.shape[0], chunk)):
+        stop = min(start + chunk, users.shape[0])
+        lo, hi = bounds[n], bounds[n + 1] if n + 1 < len(bounds) else len(seen_users)
+        mask = (seen_users[lo:hi] - start, seen_items[lo:hi])
+        rows, scores = _chunk_top_k(users[start:stop], items, mask, k)
+        out_rows[start:stop], out_scores[start:stop] = rows, scores
+    return out_rows, out_scores
+
+
+def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    with torch.inference_mode():
+        scores = users @ items.T
+        scores[torch.from_numpy(seen[0]).to(scores.device), torch.from_numpy(seen[1]).to(scores.device)] = -torch.inf
+        # A slightly wider top-k, then an exact (score desc, item asc) sort: deterministic ties.
+        width = min(k + 8, items.shape[0])
+        values, index = torch.topk(scores, width, dim=1)
+    values, index = values.cpu().numpy(), index.cpu().numpy()
+    order = np.lexsort((index, -values), axis=1)[:, :k]
+    rows = np.take_along_axis(index, order, axis=1)
+    vals = np.take_along_axis(values, order, axis=1)
+    rows[~np.isfinite(vals)] = -1
+    return rows, vals

@@ -1,0 +1,19 @@
+"""Zero-shot topics: cosine of item embeddings to embedded label descriptions, softmax over labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def topic_scores(item_vectors: np.ndarray, label_vectors: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return (index of the best label, its softmax probability in [0, 1]) for each item.
+
+    probabilities = softmax(cos(item, label_j) / temperature) over the labels j; vectors are unit-norm.
+    """
+    items = torch.from_numpy(np.array(item_vectors, dtype=np.float32, copy=True))
+    labels = torch.from_numpy(np.array(label_vectors, dtype=np.float32, copy=True))
+    with torch.inference_mode():
+        probs = torch.softmax(items @ labels.T / temperature, dim=1)
+        best, index = probs.max(dim=1)
+    return index.numpy().astype(np.int32), best.numpy().astype(np.float64)

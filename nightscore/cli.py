@@ -1,0 +1,136 @@
+"""The nightscore command line: demo-data, run nightly, query, runs. Exit codes: 0, 1, 2 (usage), 3 (contract)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+
+from nightscore.errors import EXIT_USAGE, NightscoreError, exit_code_for
+from nightscore.settings import Settings, load_settings
+
+log = logging.getLogger("nightscore")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Nightly and on-demand batch scoring.")
+run_app = typer.Typer(no_args_is_help=True, help="Run a scoring flow.")
+app.add_typer(run_app, name="run")
+
+class OutputFormat(str, Enum):
+    """Output formats of `nightscore query`."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+HomeOption = typer.Option(None, "--home", help="Folder of the embedded defaults (NIGHTSCORE_HOME, default ./.nightscore).")
+
+
+def _settings(home: Optional[Path]) -> Settings:
+    """Return settings with --home applied; the home is also exported so the flow's tasks see it."""
+    if home is not None:
+        os.environ["NIGHTSCORE_HOME"] = str(home.resolve())
+    from nightscore.runtime import configure_logging, configure_runtime
+
+    cfg = load_settings()
+    configure_runtime(cfg)
+    configure_logging()
+    return cfg
+
+
+@app.command("demo-data")
+def demo_data(
+    out: Path = typer.Option(..., "--out", help="Folder to write items.parquet and interactions.parquet to."),
+    items: int = typer.Option(2000, "--items", min=1), users: int = typer.Option(500, "--users", min=1),
+    seed: int = typer.Option(0, "--seed"), home: Optional[Path] = HomeOption,
+) -> None:
+    """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
+    _settings(home)
+    from nightscore.demo_data import generate_demo_data
+    from storage.lake import Lake
+
+    lake = Lake(str(out))
+    item_frame, interactions = generate_demo_data(items, users, seed)
+    lake.write_parquet(item_frame, lake.uri("items.parquet"))
+    lake.write_parquet(interactions, lake.uri("interactions.parquet"))
+    typer.echo(f"wrote {item_frame.height} items and {interactions.height} interactions to {out}")
+
+
+@run_app.command("nightly")
+def run_nightly(
+    items: Optional[str] = typer.Option(None, "--items", help="Items Parquet URI (default: demo data in the lake)."),
+    interactions: Optional[str] = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
+    run_date: Optional[str] = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Run the nightly scoring flow once, now, and print its summary."""
+    from nightscore.run_context import parse_run_date
+    from datetime import date
+
+    parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
+    _settings(home)
+    from flows.nightly import nightly
+    from nightscore.output import summary_text
+
+    summary = nightly(run_date=run_date, items_uri=items, interactions_uri=interactions)
+    typer.echo(summary_text(summary))
+
+
+@app.command("query")
+def query(
+    sql: str = typer.Argument(..., help="Read-only SQL over the warehouse tables and views."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table, csv or json (an array of row objects)."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Run read-only SQL on the warehouse and print the result."""
+    cfg = _settings(home)
+    from nightscore.output import render
+    from storage.resources import warehouse_for
+
+    typer.echo(render(warehouse_for(cfg).query(sql), fmt.value))
+
+
+@app.command("runs")
+def runs(limit: int = typer.Option(20, "--limit", min=1), home: Optional[Path] = HomeOption) -> None:
+    """List recent runs with their status and counts."""
+    cfg = _settings(home)
+    from nightscore.output import render
+    from storage.resources import warehouse_for
+
+    sql = ("SELECT run_id, run_date, status, rows_in, rows_quarantined, rows_scored, users_with_candidates, "
+           "round(wall_seconds, 1) AS wall_s, message FROM scoring_runs ORDER BY started_at DESC LIMIT ?")
+    typer.echo(render(warehouse_for(cfg).query(sql, [limit]), "table"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; failures print one line, never a bare traceback."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+        return int(result) if isinstance(result, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        exc.show()
+        return EXIT_USAGE
+    except click.Abort:
+        typer.echo("nightscore: aborted", err=True)
+        return 130
+    except NightscoreError as exc:
+        typer.echo(f"nightscore: error: {exc}", err=True)
+        return exit_code_for(exc)
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become exit 1
+        log.debug("unexpected error", exc_info=True)
+        typer.echo(f"nightscore: unexpected error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", err=True)
+        return exit_code_for(exc)
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Rendering query results and run summaries for the terminal (table, csv, json)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from storage.warehouse import QueryResult
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    return str(value)
+
+
+def render(result: QueryResult, fmt: str) -> str:
+    """Return a query result as text: 'table' (aligned), 'csv' (with header) or 'json' (array of objects)."""
+    if fmt == "json":
+        return json.dumps(result.records(), default=_json_value)
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(result.columns)
+        writer.writerows(result.rows)
+        return buffer.getvalue().rstrip("\n")
+    table = Table(*result.columns, show_lines=False)
+    for row in result.rows:
+        table.add_row(*(_cell(v) for v in row))
+    return _to_text(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (tuple, list)) and len(value) > 6:
+        return "[" + ", ".join(f"{v:.3f}" for v in value[:3]) + f", … ({len(value)})]"
+    return "" if value is None else str(value)
+
+
+def _to_text(renderable: Any) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text().rstrip("\n")
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """Return the short summary of a finished run: rows, quarantine, tokens, padding, speed, stages."""
+    stages = summary.get("stage_seconds") or {}
+    lines = [
+        f"run {summary['run_id']} ({summary['run_date']}) {summary['status']} in {summary['wall_seconds']:.1f}s on {summary['device']}",
+        f"  items: {summary['rows_in']} in, {summary['rows_scored']} scored, {summary['rows_quarantined']} quarantined",
+        f"  interactions: {summary['interactions_in']} in, {summary['interactions_quarantined']} quarantined;"
+        f" users with candidates: {summary['users_with_candidates']}",
+        f"  tokens: {summary['real_tokens']} real / {summary['padded_tokens']} padded"
+        f" (padding efficiency {summary['padding_efficiency']:.3f}), {summary['truncated_texts']} texts truncated",
+        f"  encode: {summary['texts_per_s']:.1f} texts/s; model {summary['model_version']}",
+        "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""Stages at the end of a run: output contracts, publication to warehouse and cache, run records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import polars as pl
+
+from data_contracts.inputs import INTERACTIONS_CONTRACT, ITEMS_CONTRACT
+from data_contracts.outputs import (
+    ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT, candidate_failures, enforce, item_score_failures,
+)
+from nightscore.run_context import RunContext
+from nightscore.settings import Settings
+from storage.cache import CandidateCache
+from storage.candidate_payload import encode_candidates
+from storage.lake import Lake
+from storage.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
+
+CONTRACT_VERSIONS = ",".join([ITEMS_CONTRACT, INTERACTIONS_CONTRACT, ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT])
+
+
+def validate_outputs(lake: Lake, run: RunContext, settings: Settings, expected_rows: int) -> dict[str, object]:
+    """Check item_scores and user_candidates against the output contracts; raise ContractViolation if not."""
+    started = time.perf_counter()
+    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores")
+    enforce(item_score_failures(scores, list(settings.topic_labels), expected_rows), "item_scores")
+    candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
+    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions", columns=["user_id", "item_id"])
+    enforce(candidate_failures(candidates, interactions, scores.height, settings.top_k), "user_candidates")
+    return {"checked_rows": scores.height + candidates.height, "seconds": time.perf_counter() - started}
+
+
+def cache_entries(candidates: pl.DataFrame):
+    """Yield (user_id, payload) for every user in the long candidates table, ranks in order."""
+    grouped = candidates.sort(["user_id", "rank"]).group_by("user_id", maintain_order=True).agg("item_id", "score")
+    for user_id, item_ids, scores in grouped.iter_rows():
+        yield user_id, encode_candidates(item_ids, scores)
+
+
+def publish(lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any]) -> dict[str, object]:
+    """Publish a run: cache version written (invisible), then one warehouse transaction that switches the cache pointer before commit."""
+    started = time.perf_counter()
+    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores")
+    candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
+    written = cache.write_version(run.run_id, cache_entries(candidates))
+    old_pointer = cache.current()
+
+    def switch_pointer() -> None:
+        cache.switch_current(run.run_id)
+
+    try:
+        warehouse.publish(summary, scores.to_arrow(), candidates.to_arrow(), before_commit=switch_pointer)
+    except BaseException:
+        _undo_cache(cache, run.run_id, old_pointer)
+        raise
+    seconds = time.perf_counter() - started
+    stage_seconds = {**json.loads(summary["stage_seconds"]), "publish": round(seconds, 3)}
+    finished = datetime.now(timezone.utc)
+    wall = (finished - datetime.fromisoformat(run.started_at)).total_seconds()
+    warehouse.record_run({"run_id": run.run_id, "finished_at": finished, "wall_seconds": wall, "stage_seconds": json.dumps(stage_seconds)})
+    log.info("published %s: %d item scores, %d users in cache", run.run_id, scores.height, written)
+    return {"cache_entries": written, "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
+
+
+def _undo_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
+    """Put the cache back as it was before a failed publication (pointer and the unpublished entries)."""
+    if old_pointer is not None and cache.current() == run_id:
+        cache.switch_current(old_pointer)
+    if cache.current() != run_id:
+        cache.drop_version(run_id)
+
+
+def record_quarantine(lake: Lake, warehouse: Warehouse, run: RunContext) -> int:
+    """Copy the run's quarantine rows (if any were written) into the warehouse; return how many."""
+    uri = run.path("quarantine.parquet")
+    if not lake.exists(uri):
+        return 0
+    quarantine = lake.read_parquet(uri, "quarantine").with_columns(pl.lit(run.run_id).alias("run_id"))
+    return warehouse.record_quarantine(run.run_id, quarantine.to_arrow())
+
+
+def run_summary(run: RunContext, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Return the scoring_runs row of a finished run from its stages' small result dicts."""
+    encoded = stages["encode"]
+    started_at = datetime.fromisoformat(run.started_at)
+    wall = (datetime.now(timezone.utc) - started_at).total_seconds()
+    return {
+        "run_id": run.run_id, "flow_name": run.flow_name, "run_date": run.date, "status": "publishing",
+        "started_at": started_at, "finished_at": datetime.now(timezone.utc),
+        "rows_in": stages["validate"]["rows_in"], "rows_quarantined": stages["validate"]["rows_quarantined"],
+        "rows_scored": stages["score"]["rows_scored"], "interactions_in": stages["validate"]["interactions_in"],
+        "interactions_quarantined": stages["validate"]["interactions_quarantined"],
+        "users_with_candidates": stages["candidates"]["users_with_candidates"],
+        "real_tokens": encoded["real_tokens"], "padded_tokens": encoded["padded_tokens"],
+        "padding_efficiency": encoded["padding_efficiency"], "truncated_texts": encoded["truncated"],
+        "texts_per_s": encoded["texts"] / max(encoded["seconds"], 1e-9), "wall_seconds": wall,
+        "device": encoded["device"], "model_version": encoded["model_version"], "contract_versions": CONTRACT_VERSIONS,
+        "stage_seconds": json.dumps({name: round(float(s.get("seconds", 0.0)), 3) for name, s in stages.items()}),
+    }

@@ -1,0 +1,80 @@
+"""Stages after the model: topic scores per item, user vectors and top-K candidates per user."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import polars as pl
+import torch
+
+from models.encoder import get_encoder
+from models.engine import encode_texts
+from models.retrieval import Interactions, top_k_items, user_vectors
+from models.topics import topic_scores
+from nightscore.run_context import RunContext
+from nightscore.settings import Settings
+from nightscore.stages.encode import encoder_spec
+from storage.lake import Lake
+
+log = logging.getLogger(__name__)
+
+
+def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: list[str]) -> dict[str, object]:
+    """Join shard embeddings with the plan and add zero-shot topics; produces ``item_scores.parquet``."""
+    started = time.perf_counter()
+    encoder = get_encoder(encoder_spec(settings))
+    vectors = pl.concat([lake.read_parquet(uri, "shard") for uri in sorted(shard_uris)])
+    plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "content_hash", "token_count"])
+    scored = plan.join(vectors, on="item_id", how="inner", validate="1:1").sort("item_id")
+    names = list(settings.topic_labels)
+    labels, _ = encode_texts(encoder, [settings.topic_labels[n] for n in names])
+    best, prob = topic_scores(scored.get_column("embedding").to_numpy(), labels, settings.topic_temperature)
+    frame = scored.select(
+        pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), "item_id",
+        pl.lit(encoder.version).alias("model_version"),
+        pl.Series("topic", np.asarray(names)[best], dtype=pl.String), pl.Series("topic_score", prob),
+        "token_count", "content_hash", "embedding",
+    )
+    lake.write_parquet(frame, run.path("item_scores.parquet"))
+    return {"rows_scored": frame.height, "missing": plan.height - frame.height, "seconds": time.perf_counter() - started}
+
+
+def interaction_weights(interactions: pl.DataFrame, settings: Settings, run: RunContext) -> pl.Expr:
+    """Return the expression of each interaction's weight: event weight x 0.5 ** (age_days / half-life)."""
+    age_days = (pl.lit(run.reference_time) - pl.col("ts")).dt.total_seconds() / 86_400.0
+    event_weight = pl.col("event").replace_strict(settings.event_weights, default=0.0, return_dtype=pl.Float64)
+    return (event_weight * pl.lit(0.5).pow(age_days.clip(lower_bound=0) / settings.recency_half_life_days)).alias("weight")
+
+
+def build_candidates(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
+    """Compute user vectors and exact top-K unseen items per user; produces ``user_candidates.parquet``."""
+    started = time.perf_counter()
+    items = lake.read_parquet(run.path("item_scores.parquet"), "item_scores", columns=["item_id", "embedding"])
+    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions")
+    index = items.select("item_id").with_row_index("item_row")
+    users = interactions.select("user_id").unique().sort("user_id").with_row_index("user_row")
+    joined = (interactions.join(index, on="item_id").join(users, on="user_id")
+              .with_columns(interaction_weights(interactions, settings, run)))
+    inter = Interactions(joined["user_row"].to_numpy(), joined["item_row"].to_numpy(), joined["weight"].to_numpy(), users.height)
+    device = torch.device("cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
+    item_vecs = torch.from_numpy(np.array(items.get_column("embedding").to_numpy(), dtype=np.float32, copy=True)).to(device)
+    rows, scores = top_k_items(user_vectors(item_vecs, inter), item_vecs, inter, settings.top_k, settings.user_chunk)
+    frame = candidates_frame(run, users.get_column("user_id"), index.get_column("item_id"), rows, scores)
+    lake.write_parquet(frame, run.path("user_candidates.parquet"))
+    return {"users_with_candidates": frame.get_column("user_id").n_unique(), "candidates": frame.height,
+            "seconds": time.perf_counter() - started}
+
+
+def candidates_frame(run: RunContext, user_ids: pl.Series, item_ids: pl.Series, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:
+    """Return the long candidates table (run_id, run_date, user_id, rank, item_id, score), rank from 1."""
+    n_users, k = rows.shape
+    flat_rows, flat_scores = rows.reshape(-1), scores.reshape(-1)
+    keep = flat_rows >= 0
+    return pl.DataFrame({
+        "user_id": np.repeat(user_ids.to_numpy(), k)[keep],
+        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
+        "item_id": item_ids.to_numpy()[flat_rows[keep]],
+        "score": flat_scores[keep].astype(np.float64),
+    }).select(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), pl.all())

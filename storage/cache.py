@@ -1,0 +1,380 @@
+"""Candidate cache: versioned per-user payloads behind a current/previous pointer, in SQLite or Redis.
+
+Keys: ``<prefix>:cand:<run_id>:<user_id>`` hold one user's payload of one run; ``<prefix>:cand:current`` and
+``<prefix>:cand:previous`` hold run ids. A version is written completely before the pointer switches to it,
+and old versions stay until dropped, so a reader (pointer, then entry) always gets one run's payload whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from itertools import islice
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from nightscore.errors import CacheUnavailable, PublishError
+
+logger = logging.getLogger(__name__)
+
+REDIS_SCHEMES = ("redis://", "rediss://")
+REDIS_SOCKET_TIMEOUT_S = 2.0
+SQLITE_BUSY_TIMEOUT_MS = 5000
+SCAN_COUNT = 1000
+
+Entry = tuple[str, bytes]
+
+
+def _check_run_id(run_id: str) -> str:
+    """Return run_id, or raise ValueError when it is empty or holds ':' (the key separator)."""
+    if not run_id or ":" in run_id:
+        raise ValueError(f"run id must be non-empty and contain no ':': {run_id!r}")
+    return run_id
+
+
+def _batches(entries: Iterable[Entry], size: int) -> Iterator[list[Entry]]:
+    """Yield lists of at most size entries."""
+    if size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {size}")
+    it = iter(entries)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+@contextmanager
+def _unavailable_on(errors: tuple[type[BaseException], ...], where: str) -> Iterator[None]:
+    """Turn the given low-level errors into CacheUnavailable with a one-line message naming where."""
+    try:
+        yield
+    except errors as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CacheUnavailable(f"candidate cache unavailable at {where}: {detail}") from exc
+
+
+class CandidateCache(ABC):
+    """Versioned candidate payloads of every user, read through the current pointer."""
+
+    prefix: str
+
+    # --- keys ----------------------------------------------------------------------------
+    @property
+    def current_key(self) -> str:
+        """Return the key of the current-run pointer."""
+        return f"{self.prefix}:cand:current"
+
+    @property
+    def previous_key(self) -> str:
+        """Return the key of the previous-run pointer."""
+        return f"{self.prefix}:cand:previous"
+
+    def version_prefix(self, run_id: str) -> str:
+        """Return the key prefix shared by every entry of one run (ends with ':')."""
+        return f"{self.prefix}:cand:{_check_run_id(run_id)}:"
+
+    def entry_key(self, run_id: str, user_id: str) -> str:
+        """Return the key of one user's entry in one run."""
+        return f"{self.version_prefix(run_id)}{user_id}"
+
+    # --- public operations -------------------------------------------------------------
+    def write_version(self, run_id: str, entries: Iterable[Entry], batch_size: int = 1000) -> int:
+        """Write (user_id, payload) entries of a run in batches; return how many were written.
+
+        Raises:
+            PublishError: run_id is the current run (readers must never see it change).
+        """
+        _check_run_id(run_id)
+        if run_id == self.current():
+            raise PublishError(f"refusing to write into run {run_id!r}: it is the current cache version")
+        written = 0
+        for batch in _batches(entries, batch_size):
+            self._write_batch([(self.entry_key(run_id, user_id), blob) for user_id, blob in batch])
+            written += len(batch)
+        logger.info("cache: wrote %d entries of run %s", written, run_id)
+        return written
+
+    def current(self) -> str | None:
+        """Return the current run id, or None before the first switch."""
+        return self._get_text(self.current_key)
+
+    def previous(self) -> str | None:
+        """Return the run id that was current before the last switch, or None."""
+        return self._get_text(self.previous_key)
+
+    def read(self, user_id: str) -> tuple[str, bytes] | None:
+        """Return (current run id, payload) of a user; None without a pointer or an entry."""
+        run_id = self.current()
+        if run_id is None:
+            return None
+        blob = self.read_version(run_id, user_id)
+        return None if blob is None else (run_id, blob)
+
+    def read_version(self, run_id: str, user_id: str) -> bytes | None:
+        """Return a user's payload in a given run, or None."""
+        return self._get(self.entry_key(run_id, user_id))
+
+    def drop_version(self, run_id: str) -> int:
+        """Delete every entry of a run that is not current; return how many were deleted.
+
+        Raises:
+            PublishError: run_id is the current run.
+        """
+        _check_run_id(run_id)
+        if run_id == self.current():
+            raise PublishError(f"refusing to drop run {run_id!r}: it is the current cache version")
+        dropped = self._delete_prefix(self.version_prefix(run_id))
+        logger.info("cache: dropped %d entries of run %s", dropped, run_id)
+        return dropped
+
+    def __enter__(self) -> CandidateCache:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _get_text(self, key: str) -> str | None:
+        """Return a pointer's value as text, or None."""
+        raw = self._get(key)
+        return None if raw is None else bytes(raw).decode()
+
+    # --- backend primitives ------------------------------------------------------------
+    @abstractmethod
+    def switch_current(self, run_id: str) -> str | None:
+        """Atomically make run_id current and the old current previous; return the old current."""
+
+    @abstractmethod
+    def versions(self) -> list[str]:
+        """Return the sorted run ids that have entries."""
+
+    @abstractmethod
+    def ping(self) -> bool:
+        """Return True when the store answers, False when it cannot be reached."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connection."""
+
+    @abstractmethod
+    def _get(self, key: str) -> bytes | None:
+        """Return the value of a key, or None."""
+
+    @abstractmethod
+    def _write_batch(self, items: list[Entry]) -> None:
+        """Write (key, value) pairs in one round trip."""
+
+    @abstractmethod
+    def _delete_prefix(self, key_prefix: str) -> int:
+        """Delete every key starting with key_prefix; return how many were deleted."""
+
+
+# --------------------------------------------------------------------------------------------
+# SQLite (embedded default)
+# --------------------------------------------------------------------------------------------
+
+_UPSERT = "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)"
+_RUN_IDS = (
+    "SELECT DISTINCT substr(rest, 1, instr(rest, ':') - 1) FROM "
+    "(SELECT substr(key, ?) AS rest FROM kv WHERE key >= ? AND key < ?) WHERE instr(rest, ':') > 1"
+)
+
+
+def _prefix_range(key_prefix: str) -> tuple[str, str]:
+    """Return [low, high) bounds of the keys starting with key_prefix (SQLite compares text bytewise)."""
+    return key_prefix, key_prefix[:-1] + chr(ord(key_prefix[-1]) + 1)
+
+
+class SqliteCache(CandidateCache):
+    """Candidate cache in one SQLite file in WAL mode: one writer, any number of reading processes."""
+
+    def __init__(self, path: str | Path, prefix: str) -> None:
+        self.path = Path(path)
+        self.prefix = prefix
+        self._lock = threading.RLock()  # one connection shared by threads (e.g. a server's pool)
+        with self._guard():
+            self._conn = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file (creating its folder and table) in WAL mode with a busy timeout."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")  # a cache can lose its last commit on power loss
+        conn.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+        return conn
+
+    def _guard(self) -> AbstractContextManager[None]:
+        """Return a context turning SQLite errors into CacheUnavailable."""
+        return _unavailable_on((sqlite3.DatabaseError,), str(self.path))
+
+    @contextmanager
+    def _transaction(self, mode: str = "DEFERRED") -> Iterator[sqlite3.Connection]:
+        """Run the block in one transaction (IMMEDIATE takes the write lock up front)."""
+        with self._lock, self._guard():
+            self._conn.execute(f"BEGIN {mode}")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            finally:
+                if self._conn.in_transaction:  # the block or the COMMIT failed
+                    self._conn.execute("ROLLBACK")
+
+    def _get(self, key: str) -> bytes | None:
+        with self._lock, self._guard():
+            row = self._conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _write_batch(self, items: list[Entry]) -> None:
+        with self._transaction("IMMEDIATE") as conn:
+            conn.executemany(_UPSERT, items)
+
+    def _delete_prefix(self, key_prefix: str) -> int:
+        with self._transaction("IMMEDIATE") as conn:
+            return conn.execute("DELETE FROM kv WHERE key >= ? AND key < ?", _prefix_range(key_prefix)).rowcount
+
+    def read(self, user_id: str) -> tuple[str, bytes] | None:
+        """Return (current run id, payload) of a user, pointer and entry read from one snapshot."""
+        with self._transaction():
+            return super().read(user_id)
+
+    def switch_current(self, run_id: str) -> str | None:
+        """Set current and previous in one write transaction; return the old current."""
+        _check_run_id(run_id)
+        with self._transaction("IMMEDIATE") as conn:
+            old = self.current()
+            if old != run_id:
+                conn.execute(_UPSERT, (self.current_key, run_id.encode()))
+                if old is None:
+                    conn.execute("DELETE FROM kv WHERE key = ?", (self.previous_key,))
+                else:
+                    conn.execute(_UPSERT, (self.previous_key, old.encode()))
+        logger.info("cache: current run %s (was %s)", run_id, old)
+        return old
+
+    def versions(self) -> list[str]:
+        base = f"{self.prefix}:cand:"
+        with self._lock, self._guard():
+            rows = self._conn.execute(_RUN_IDS, (len(base) + 1, *_prefix_range(base))).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def ping(self) -> bool:
+        try:
+            with self._lock:
+                self._conn.execute("SELECT 1").fetchone()
+        except sqlite3.Error:
+            return False
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Redis (server, by configuration)
+# --------------------------------------------------------------------------------------------
+
+# Runs atomically on the server: current and previous change together or not at all.
+_SWITCH_SCRIPT = """
+local old = redis.call('GET', KEYS[1])
+if old == ARGV[1] then return old end
+redis.call('SET', KEYS[1], ARGV[1])
+if old then redis.call('SET', KEYS[2], old) else redis.call('DEL', KEYS[2]) end
+return old
+"""
+
+_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _glob_escape(text: str) -> str:
+    """Escape the glob characters of a SCAN match pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def redact_url(url: str) -> str:
+    """Return url with its password replaced by ***, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+class RedisCache(CandidateCache):
+    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False)."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._where = redact_url(url)
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S
+        )
+        self._switch = self._client.register_script(_SWITCH_SCRIPT)
+
+    def _guard(self) -> AbstractContextManager[None]:
+        """Return a context turning connection errors into CacheUnavailable naming the URL."""
+        return _unavailable_on(_REDIS_DOWN, self._where)
+
+    def _get(self, key: str) -> bytes | None:
+        with self._guard():
+            return self._client.get(key)
+
+    def _write_batch(self, items: list[Entry]) -> None:
+        with self._guard():
+            pipe = self._client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(key, value)
+            pipe.execute()
+
+    def _scan(self, pattern: str) -> Iterator[bytes]:
+        """Yield keys matching a glob pattern with SCAN (never KEYS, which blocks the server)."""
+        with self._guard():
+            yield from self._client.scan_iter(match=pattern, count=SCAN_COUNT)
+
+    def _delete_prefix(self, key_prefix: str) -> int:
+        deleted = 0
+        keys = self._scan(_glob_escape(key_prefix) + "*")
+        while batch := list(islice(keys, SCAN_COUNT)):
+            with self._guard():
+                deleted += self._client.unlink(*batch)
+        return deleted
+
+    def switch_current(self, run_id: str) -> str | None:
+        """Set current and previous in one server-side script; return the old current."""
+        _check_run_id(run_id)
+        with self._guard():
+            old = self._switch(keys=[self.current_key, self.previous_key], args=[run_id])
+        old_id = None if old is None else bytes(old).decode()
+        logger.info("cache: current run %s (was %s)", run_id, old_id)
+        return old_id
+
+    def versions(self) -> list[str]:
+        base = f"{self.prefix}:cand:"
+        run_ids = {key.decode()[len(base) :].split(":", 1)[0] for key in self._scan(_glob_escape(base) + "*:*")}
+        return sorted(run_ids)
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._client.ping())
+        except _REDIS_DOWN:
+            return False
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_cache(location: str, prefix: str) -> CandidateCache:
+    """Open the cache at a redis:// or rediss:// URL, or else the SQLite file at that path."""
+    if location.startswith(REDIS_SCHEMES):
+        return RedisCache(location, prefix)
+    return SqliteCache(location, prefix)

@@ -1,0 +1,288 @@
+"""Service tests of the candidate cache: the same behaviour on SQLite (tmp_path) and the real Redis on loopback.
+
+Unreachable Redis: ping() returns False; every other operation raises CacheUnavailable naming the URL.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import redis
+
+from nightscore.errors import CacheUnavailable, PublishError
+from storage.cache import CandidateCache, RedisCache, SqliteCache, open_cache, redact_url
+from storage.candidate_payload import PAYLOAD_VERSION, decode_candidates, encode_candidates
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+DEAD_REDIS_URL = "redis://127.0.0.1:1/0"
+N_CANDIDATES = 100
+WAIT_S = 60.0  # deadlock guard only; nothing asserts on speed
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _scores(run_id: str) -> np.ndarray:
+    """Return scores unique to a run: all equal to the run's number (r3 -> 3.0)."""
+    return np.full(N_CANDIDATES, float(run_id.lstrip("r")), dtype=np.float32)
+
+
+def _payload(run_id: str) -> bytes:
+    """Return a payload whose every item id is suffixed with the run id."""
+    return encode_candidates([f"item{i}-{run_id}" for i in range(N_CANDIDATES)], _scores(run_id))
+
+
+def _entries(run_id: str, n_users: int = 20) -> list[tuple[str, bytes]]:
+    """Return (user_id, payload) entries of one run."""
+    return [(f"u{u}", _payload(run_id)) for u in range(n_users)]
+
+
+def _mismatch(run_id: str, blob: bytes) -> str | None:
+    """Return why a payload is not exactly run_id's list, or None when it is."""
+    item_ids, scores = decode_candidates(blob)
+    runs = {item.rsplit("-", 1)[1] for item in item_ids}
+    if runs != {run_id} or len(item_ids) != N_CANDIDATES or not np.array_equal(scores, _scores(run_id)):
+        return f"pointer {run_id} but payload of runs {sorted(runs)}"
+    return None
+
+
+def _reader_loop(location: str, prefix: str, stop: Any, last_seen: Any, out: Any) -> None:
+    """Read u0 until stopped; report (reads, runs seen, mismatches) on out (runs in a spawned process)."""
+    reads, seen, bad = 0, set(), []
+    with open_cache(location, prefix) as cache:
+        while not stop.is_set():
+            got = cache.read("u0")
+            reads += 1
+            if got is not None:
+                problem = _mismatch(*got)
+                bad += [problem] if problem else []
+                seen.add(got[0])
+                last_seen.value = max(last_seen.value, int(got[0].lstrip("r")))
+    out.put((reads, sorted(seen), bad))
+
+
+def _read_once(location: str, prefix: str, user_id: str) -> tuple[str, bytes] | None:
+    """Open the cache and read one user (runs in a spawned process)."""
+    with open_cache(location, prefix) as cache:
+        return cache.read(user_id)
+
+
+def _wait_for(condition: Callable[[], bool], proc: mp.process.BaseProcess) -> None:
+    """Wait until condition holds while proc is alive; fail (not hang) if it never does."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert proc.is_alive(), "reader process died"
+        if time.monotonic() > deadline:
+            pytest.fail("reader process made no progress")
+        time.sleep(0.005)
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Yield (location, unique prefix) of an empty cache; Redis keys of the prefix are deleted after."""
+    prefix = f"nstest:{uuid.uuid4().hex}"
+    if request.param == "sqlite":
+        yield str(tmp_path / "nested" / "cache.sqlite"), prefix
+        return
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis server at {REDIS_URL}")
+    yield REDIS_URL, prefix
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.unlink(*keys)
+    client.close()
+
+
+@pytest.fixture
+def cache(location: tuple[str, str]) -> Iterator[CandidateCache]:
+    """Yield an open cache of the parametrized backend."""
+    with open_cache(*location) as opened:
+        yield opened
+
+
+# --- payload --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_array", [True, False])
+def test_payload_round_trip(as_array: bool) -> None:
+    item_ids = [f"artículo-{i}-日本-🎧" for i in range(N_CANDIDATES)]
+    scores = np.linspace(1.0, -1.0, N_CANDIDATES)
+    blob = encode_candidates(item_ids, scores if as_array else scores.tolist())
+    got_ids, got_scores = decode_candidates(blob)
+    assert got_ids == item_ids
+    assert got_scores.dtype == np.float32
+    np.testing.assert_array_equal(got_scores, scores.astype(np.float32))
+    assert len(blob) < 40 * N_CANDIDATES  # compact: ids + 4 bytes a score
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        msgpack.packb([PAYLOAD_VERSION + 1, ["a"], b"\0" * 4]),
+        msgpack.packb({"v": PAYLOAD_VERSION}),
+        msgpack.packb([PAYLOAD_VERSION, ["a", "b"], b"\0" * 4]),
+        b"\xc1 not msgpack",
+    ],
+    ids=["future-version", "not-a-list", "scores-mismatch", "garbage"],
+)
+def test_payload_rejects_unknown_or_broken(blob: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_candidates(blob)
+
+
+def test_payload_rejects_score_count_mismatch() -> None:
+    with pytest.raises(ValueError, match="one score per item"):
+        encode_candidates(["a", "b"], [1.0])
+
+
+# --- versions and pointer -------------------------------------------------------------------
+
+
+def test_written_version_is_invisible_before_switch(cache: CandidateCache) -> None:
+    assert cache.write_version("r1", _entries("r1")) == 20
+    assert cache.current() is None
+    assert cache.read("u0") is None
+    assert cache.read_version("r1", "u0") == _payload("r1")
+    assert cache.versions() == ["r1"]
+
+
+def test_switch_then_read(cache: CandidateCache) -> None:
+    cache.write_version("r1", _entries("r1"))
+    assert cache.switch_current("r1") is None
+    assert cache.read("u0") == ("r1", _payload("r1"))
+    assert cache.read("nobody") is None
+
+
+def test_unswitched_second_version_keeps_readers_on_first(cache: CandidateCache) -> None:
+    cache.write_version("r1", _entries("r1"))
+    cache.switch_current("r1")
+    cache.write_version("r2", _entries("r2"))
+    assert cache.read("u3") == ("r1", _payload("r1"))
+    assert cache.versions() == ["r1", "r2"]
+
+
+def test_switch_returns_and_records_previous(cache: CandidateCache) -> None:
+    for run_id in ("r1", "r2"):
+        cache.write_version(run_id, _entries(run_id))
+    assert cache.switch_current("r1") is None
+    assert cache.previous() is None
+    assert cache.switch_current("r2") == "r1"
+    assert (cache.current(), cache.previous()) == ("r2", "r1")
+    assert cache.switch_current("r2") == "r2"  # re-switching to current keeps previous
+    assert (cache.current(), cache.previous()) == ("r2", "r1")
+
+
+def test_current_version_cannot_be_dropped_or_rewritten(cache: CandidateCache) -> None:
+    cache.write_version("r1", _entries("r1"))
+    cache.switch_current("r1")
+    with pytest.raises(PublishError, match="current"):
+        cache.drop_version("r1")
+    with pytest.raises(PublishError, match="current"):
+        cache.write_version("r1", _entries("r1"))
+    assert cache.read("u0") == ("r1", _payload("r1"))
+
+
+def test_drop_old_version_removes_only_its_keys(cache: CandidateCache) -> None:
+    for run_id in ("r1", "r2", "r[1]"):  # r[1] checks glob characters are escaped in SCAN patterns
+        cache.write_version(run_id, _entries("r1" if run_id == "r[1]" else run_id))
+    cache.switch_current("r1")
+    cache.switch_current("r2")
+    assert cache.drop_version("r[1]") == 20
+    assert cache.drop_version("r1") == 20
+    assert cache.versions() == ["r2"]
+    assert cache.read_version("r1", "u0") is None
+    assert (cache.current(), cache.previous()) == ("r2", "r1")  # pointers are not entries
+    assert cache.read("u0") == ("r2", _payload("r2"))
+
+
+def test_write_in_batches_from_a_generator(cache: CandidateCache) -> None:
+    entries = ((f"user:{u}:ü", _payload("r1")) for u in range(53))
+    assert cache.write_version("r1", entries, batch_size=7) == 53
+    cache.switch_current("r1")
+    assert cache.read("user:52:ü") == ("r1", _payload("r1"))
+
+
+@pytest.mark.parametrize("run_id", ["", "a:b"])
+def test_run_ids_with_separator_are_rejected(cache: CandidateCache, run_id: str) -> None:
+    with pytest.raises(ValueError, match="run id"):
+        cache.write_version(run_id, [])
+
+
+# --- concurrency ----------------------------------------------------------------------------
+
+
+def test_concurrent_reader_never_sees_a_mix(cache: CandidateCache, location: tuple[str, str]) -> None:
+    ctx = mp.get_context("spawn")
+    stop, last_seen, out = ctx.Event(), ctx.Value("i", -1), ctx.Queue()
+    reader = ctx.Process(target=_reader_loop, args=(*location, stop, last_seen, out))
+    reader.start()
+    try:
+        for k in range(6):
+            cache.write_version(f"r{k}", _entries(f"r{k}", n_users=200), batch_size=50)
+            cache.switch_current(f"r{k}")
+            _wait_for(lambda: last_seen.value >= k, reader)  # the reader saw this version before the next
+    finally:
+        stop.set()
+        reads, seen, bad = out.get(timeout=WAIT_S)
+        reader.join(WAIT_S)
+    assert bad == []
+    assert seen == [f"r{k}" for k in range(6)]
+    assert reads >= len(seen)
+
+
+def test_sqlite_readable_while_another_connection_writes(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    with SqliteCache(path, "ns") as cache:
+        cache.write_version("r1", _entries("r1"))
+        cache.switch_current("r1")
+        writer = sqlite3.connect(path, isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("UPDATE kv SET value = ? WHERE key = ?", (b"r2", cache.current_key))
+        with mp.get_context("spawn").Pool(1) as pool:
+            got = pool.apply_async(_read_once, (str(path), "ns", "u0")).get(timeout=WAIT_S)
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert got == ("r1", _payload("r1"))  # the committed state, not the open transaction's
+
+
+# --- factory and failures -------------------------------------------------------------------
+
+
+def test_open_cache_picks_backend_and_creates_folders(tmp_path: Path) -> None:
+    with open_cache(str(tmp_path / "a" / "b" / "cache.sqlite"), "ns") as embedded:
+        assert isinstance(embedded, SqliteCache) and embedded.ping()
+    assert (tmp_path / "a" / "b" / "cache.sqlite").exists()
+    for url in (REDIS_URL, "rediss://cache.example:6380/1"):
+        remote = open_cache(url, "ns")  # no connection is made until first use
+        assert isinstance(remote, RedisCache)
+        remote.close()
+
+
+def test_unreachable_redis() -> None:
+    with open_cache(DEAD_REDIS_URL, "ns") as cache:
+        assert cache.ping() is False
+        for call in (cache.current, lambda: cache.read("u0"), lambda: cache.write_version("r1", _entries("r1"))):
+            with pytest.raises(CacheUnavailable) as info:
+                call()
+            message = str(info.value)
+            assert DEAD_REDIS_URL in message and "\n" not in message
+
+
+def test_redact_url_hides_password() -> None:
+    assert redact_url("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
+    assert redact_url(REDIS_URL) == REDIS_URL
