@@ -1,0 +1,23 @@
+# nightscore: the two commands of the README, and a few helpers.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOME_DIR ?= .nightscore
+
+.PHONY: demo test env bench clean
+
+env:  ## create .venv with the right torch build and nightscore installed (idempotent)
+	@bash scripts/bootstrap.sh
+
+demo: env  ## the demo nightly run on embedded defaults (DuckDB, SQLite cache, local lake)
+	$(VENV)/bin/nightscore run nightly --home $(HOME_DIR)
+	$(VENV)/bin/nightscore query "select topic, count(*) as items, round(avg(topic_score), 3) as mean_score from latest_item_scores group by topic order by items desc" --home $(HOME_DIR)
+
+test: env  ## the whole test suite (needs PostgreSQL/Redis on 127.0.0.1 for the service tier)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: env  ## inference benchmark: side-by-side table
+	$(PY) benchmarks/inference.py
+
+clean:
+	rm -rf $(HOME_DIR) .pytest_cache

@@ -1,0 +1,133 @@
+"""Flow tier: the whole nightly flow on a few hundred demo rows with the tiny encoder, real Prefect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from nightscore.demo_data import generate_demo_data
+from nightscore.errors import ContractViolation, InputUnreadable
+from nightscore.settings import load_settings
+from storage.candidate_payload import decode_candidates
+from storage.resources import cache_for, warehouse_for
+
+RUN_DATE = "2026-11-30"
+
+
+@pytest.fixture
+def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
+    """Return a home configured for fast flow runs: tiny encoder, small shards, K=20."""
+    monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
+    monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
+    monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
+    return home
+
+
+def write_inputs(folder: Path, items: pl.DataFrame, interactions: pl.DataFrame) -> tuple[str, str]:
+    """Write inputs as Parquet and return their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    items.write_parquet(folder / "items.parquet")
+    interactions.write_parquet(folder / "interactions.parquet")
+    return str(folder / "items.parquet"), str(folder / "interactions.parquet")
+
+
+def scalar(sql: str) -> object:
+    """Return the single value of a query on the test's warehouse."""
+    return warehouse_for(load_settings()).query(sql).rows[0][0]
+
+
+def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    items, interactions = generate_demo_data(300, 60, seed=3)
+    items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
+    summary = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+
+    assert summary["status"] == "published"
+    assert summary["rows_in"] == summary["rows_scored"] + summary["rows_quarantined"] == 300
+    assert scalar("select count(*) from latest_item_scores") == 300
+    assert scalar("select count(distinct user_id) from latest_user_candidates") == interactions["user_id"].n_unique()
+    assert scalar("select max(c) from (select count(*) c from latest_user_candidates group by user_id)") == 20
+    assert scalar("select count(*) from scoring_runs where status = 'published'") == 1
+    assert 0 < summary["padding_efficiency"] <= 1
+    assert summary["real_tokens"] > 0
+
+    cache = cache_for(load_settings())
+    run_id, blob = cache.read(interactions["user_id"][0])
+    item_ids, scores = decode_candidates(blob)
+    assert run_id == summary["run_id"] and len(item_ids) == 20
+    assert list(scores) == sorted(scores, reverse=True)
+    published = warehouse_for(load_settings()).query(
+        "select item_id from latest_user_candidates where user_id = ? order by rank", [interactions["user_id"][0]])
+    assert [r[0] for r in published.rows] == item_ids
+
+
+def test_bad_rows_are_quarantined_and_the_rest_scored(tiny: Path, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    items, interactions = generate_demo_data(300, 60, seed=4)
+    items = items.with_columns(
+        pl.when(pl.int_range(pl.len()) == 5).then(pl.lit("   ")).otherwise(pl.col("body")).alias("body"),
+        pl.when(pl.int_range(pl.len()) == 5).then(None).otherwise(pl.col("title")).alias("title"),
+    )
+    items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
+    summary = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+
+    assert summary["rows_quarantined"] == 1 and summary["rows_scored"] == 299
+    reasons = warehouse_for(load_settings()).query("select dataset, row_key, rule from quarantine").rows
+    assert ("items", items["item_id"][5], "text:not_blank") in reasons
+    # interactions of the quarantined item are quarantined with their own reason, not dropped silently
+    bad_item_events = interactions.filter(pl.col("item_id") == items["item_id"][5]).height
+    assert summary["interactions_quarantined"] == bad_item_events
+
+
+def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    items, interactions = generate_demo_data(200, 40, seed=5)
+    good = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "good", items, interactions)[0],
+                   interactions_uri=str(tmp_path / "good" / "interactions.parquet"))
+    cache = cache_for(load_settings())
+    user = interactions["user_id"][0]
+    before = cache.read(user)
+
+    broken = items.with_columns(pl.when(pl.int_range(pl.len()) % 5 == 0).then(pl.lit("")).otherwise(pl.col("body")).alias("body"),
+                                pl.lit(None, dtype=pl.String).alias("title"))
+    bad_items, bad_inter = write_inputs(tmp_path / "bad", broken, interactions)
+    with pytest.raises(ContractViolation, match="items: 40 of 200 rows quarantined"):
+        nightly(run_date="2026-12-01", items_uri=bad_items, interactions_uri=bad_inter)
+
+    assert scalar("select run_id from latest_run") == good["run_id"]
+    assert scalar("select count(*) from item_scores") == 200
+    assert scalar("select status from scoring_runs where run_date = date '2026-12-01'") == "failed"
+    assert scalar("select count(*) from quarantine q join scoring_runs r using (run_id) where r.status = 'failed' and q.dataset = 'items'") == 40
+    assert cache.read(user) == before and cache.current() == good["run_id"]
+
+
+def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    items, interactions = generate_demo_data(50, 10, seed=6)
+    items_uri, inter_uri = write_inputs(tmp_path / "in", items.drop("body"), interactions)
+    with pytest.raises(InputUnreadable, match=r"items file .*items.parquet: missing required column\(s\) body"):
+        nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+    Path(inter_uri).write_bytes(Path(inter_uri).read_bytes()[:100])
+    items_uri, _ = write_inputs(tmp_path / "in2", items, interactions)
+    with pytest.raises(InputUnreadable, match="interactions file .*: not a readable Parquet file"):
+        nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+
+
+def test_republishing_a_run_date_replaces_its_rows(tiny: Path, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    items, interactions = generate_demo_data(120, 30, seed=7)
+    items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
+    first = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+    second = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+
+    assert first["run_id"] != second["run_id"]
+    assert scalar("select count(*) from item_scores") == 120
+    assert scalar("select run_id from latest_run") == second["run_id"]
+    assert scalar(f"select status from scoring_runs where run_id = '{first['run_id']}'") == "replaced"
