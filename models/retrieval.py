@@ -61,12 +61,21 @@ def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarra
     with torch.inference_mode():
         scores = users @ items.T
         scores[torch.from_numpy(seen[0]).to(scores.device), torch.from_numpy(seen[1]).to(scores.device)] = -torch.inf
-        # A slightly wider top-k, then an exact (score desc, item asc) sort: deterministic ties.
-        width = min(k + 8, items.shape[0])
-        values, index = torch.topk(scores, width, dim=1)
-    values, index = values.cpu().numpy(), index.cpu().numpy()
-    order = np.lexsort((index, -values), axis=1)[:, :k]
+        values, index = _top_k_past_ties(scores, k)
+    order = np.lexsort((index, -values), axis=1)[:, :k]  # exact (score desc, item asc): deterministic ties
     rows = np.take_along_axis(index, order, axis=1)
     vals = np.take_along_axis(values, order, axis=1)
     rows[~np.isfinite(vals)] = -1
     return rows, vals
+
+
+def _top_k_past_ties(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return a top-`width` selection wide enough that no row's k-th score ties with an unselected item."""
+    width, n_items = min(k + 8, scores.shape[1]), scores.shape[1]
+    while True:
+        values, index = torch.topk(scores, width, dim=1)
+        values, index = values.cpu().numpy(), index.cpu().numpy()
+        # torch.topk picks among equal scores arbitrarily: widen until the cut falls between different scores
+        if width == n_items or not (values[:, k - 1] == values[:, width - 1]).any():
+            return values, index
+        width = min(width * 2, n_items)

@@ -13,8 +13,6 @@ from datetime import datetime, timezone
 import numpy as np
 import polars as pl
 
-from data_contracts.inputs import item_text_expr  # the scored-text form is part of the items contract
-
 logger = logging.getLogger(__name__)
 
 DEMO_BASE_TIME: datetime = datetime(2026, 11, 1, tzinfo=timezone.utc)

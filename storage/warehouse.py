@@ -26,7 +26,7 @@ class QueryResult:
 
     def records(self) -> list[dict[str, Any]]:
         """Return the rows as column-name -> value dicts."""
-        return [dict(zip(self.columns, row)) for row in self.rows]
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
 class Warehouse(ABC):

@@ -15,8 +15,8 @@ from nightscore.demo_data import (
     generate_demo_data,
     generate_interactions,
     generate_items,
-    item_text_expr,
 )
+from data_contracts.inputs import item_text_expr
 from nightscore.settings import DEFAULT_TOPIC_LABELS
 
 UTC_US = pl.Datetime("us", "UTC")

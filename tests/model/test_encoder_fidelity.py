@@ -1,0 +1,128 @@
+"""Model tests: the engine's all-MiniLM-L6-v2 against sentence-transformers' own output, plus behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.encoder import MODEL_NAME, EncoderSpec, TextEncoder, get_encoder, model_dir
+from models.engine import encode_texts
+
+_LONG_A = " ".join(
+    "The committee reviewed the quarterly budget, discussed staffing, and postponed the vote on the new "
+    "library wing until the auditors had finished their report.".split() * 12
+)
+_LONG_B = " ".join(f"item{i} costs {i * 3.5:.2f} euros;" for i in range(150))
+_LONG_C = "Ünïcödé naïve café résumé — Zürich, Kraków, São Paulo, 東京, Москва. " * 25
+
+TEXTS = [
+    # short
+    "Hello world",
+    "ok",
+    "a",
+    "Yes!",
+    "",
+    "Breaking news",
+    # ordinary sentences
+    "The striker scored twice in the second half to win the cup final.",
+    "Simmer the tomatoes with garlic and basil for twenty minutes.",
+    "The central bank raised interest rates by a quarter point on Wednesday.",
+    "Researchers trained a neural network to predict protein structures.",
+    "The orchestra performed Beethoven's ninth symphony to a sold-out hall.",
+    "Heavy rain is expected across the north of the country this weekend.",
+    "She repaired the bicycle chain with a borrowed multitool.",
+    "Parliament passed the bill after a long night of debate.",
+    # punctuation and casing
+    "!!! ??? ... ;;; ::: ---",
+    "WHY IS EVERYTHING IN CAPITALS???",
+    "e-mail: someone@example.com, url: https://example.org/a?b=c&d=e#frag",
+    "(parentheses) [brackets] {braces} <angles> 'quotes' \"double\"",
+    # numbers
+    "42",
+    "3.14159 2.71828 1.41421 1.73205",
+    "On 2024-01-31 at 23:59:59 UTC the balance was -1,234,567.89 USD.",
+    "Call +44 20 7946 0958 or 555-0100 before 9 a.m.",
+    # unicode
+    "¿Dónde está la biblioteca? Está cerca del río.",
+    "Straße, Grüße und Äpfel für die Kinder.",
+    "東京は日本の首都です。",
+    "Москва — столица России.",
+    "emoji time 🙂🚀🔥 and more 🎉",
+    "naïve café résumé coöperate",
+    # repeated words
+    "goal " * 20,
+    "the the the the the the the the",
+    "buffalo buffalo buffalo buffalo buffalo buffalo buffalo buffalo",
+    "very " * 300 + "long",
+    # long, past 256 tokens
+    _LONG_A,
+    _LONG_B,
+    _LONG_C,
+    "word " * 600,
+]
+
+
+def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def minilm() -> TextEncoder:
+    return get_encoder(EncoderSpec(kind="minilm", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir()), device="cpu")
+    assert model.max_seq_length == 256
+    return model.encode(TEXTS, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+
+
+def test_corpus_covers_truncation(minilm: TextEncoder) -> None:
+    _, full = minilm.tokenize(TEXTS)
+    assert len(TEXTS) >= 36
+    assert (full > 256).sum() >= 4
+
+
+def test_matches_sentence_transformers(minilm: TextEncoder, reference: np.ndarray) -> None:
+    out, stats = encode_texts(minilm, TEXTS)
+    assert out.shape == reference.shape == (len(TEXTS), 384)
+    cos = _cos_rows(out, reference)
+    worst = int(np.argmin(cos))
+    assert cos.min() >= 0.9999, (worst, TEXTS[worst][:60], float(cos[worst]))
+    assert stats.truncated >= 4
+
+
+@pytest.mark.parametrize("budget", [256, 100_000])
+def test_matches_sentence_transformers_any_budget(minilm: TextEncoder, reference: np.ndarray, budget: int) -> None:
+    out, _ = encode_texts(minilm, TEXTS, token_budget=budget)
+    assert np.all(_cos_rows(out, reference) >= 0.9999)
+
+
+def test_deterministic(minilm: TextEncoder) -> None:
+    a, _ = encode_texts(minilm, TEXTS)
+    b, _ = encode_texts(minilm, TEXTS)
+    assert np.array_equal(a, b)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+
+
+def test_model_version(minilm: TextEncoder) -> None:
+    assert minilm.version.startswith(f"{MODEL_NAME}@")
+    assert minilm.version.startswith("all-MiniLM-L6-v2@")
+    digest = minilm.version.split("@", 1)[1]
+    assert len(digest) == 12 and all(c in "0123456789abcdef" for c in digest)
+    assert minilm.dim == 384
+
+
+def test_sports_closer_to_sports_than_cooking(minilm: TextEncoder) -> None:
+    sports_a = "The goalkeeper saved a penalty in the last minute of the football match."
+    sports_b = "The striker scored a late goal and the team won the championship game."
+    cooking = "Chop the onions, fry them in butter and stir in the cream for the sauce."
+    vecs, _ = encode_texts(minilm, [sports_a, sports_b, cooking])
+    sims = vecs @ vecs.T
+    assert sims[0, 1] > sims[0, 2] + 0.1
+    assert sims[1, 0] > sims[1, 2] + 0.1

@@ -1,0 +1,161 @@
+"""Unit tests of the encoding engine on the tiny random encoder (real tokenizer, 1-layer BERT)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.encoder import EncoderSpec, TextEncoder, get_encoder
+from models.engine import EncodeStats, encode_texts
+
+TEXTS = [
+    "a",
+    "The quick brown fox jumps over the lazy dog.",
+    "Stocks rallied on Tuesday after the central bank held rates steady.",
+    "¿Dónde está la biblioteca? Ünïcödé — ok 🙂",
+    "42 1337 3.14159 2024-01-31",
+    "goal goal goal goal goal goal goal goal goal goal goal goal",
+    "Short.",
+    "A recipe: whisk two eggs, add flour, fold gently and bake for twenty minutes at 180 degrees.",
+    "",
+    "!!! ??? ... ;;; :::",
+    "the match ended in a draw after extra time and penalties were not needed",
+    "Quantum error correction protects logical qubits from noise in physical qubits.",
+]
+
+
+def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def tiny() -> TextEncoder:
+    return get_encoder(EncoderSpec(kind="tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny32() -> TextEncoder:
+    return get_encoder(EncoderSpec(kind="tiny", max_seq_length=32))
+
+
+def _long_text(n_words: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    words = ["river", "mountain", "engine", "coffee", "signal", "harvest", "window", "planet", "violin", "ledger"]
+    return " ".join(rng.choice(words, size=n_words).tolist())
+
+
+def test_encode_texts_shape_dtype_unit_norm(tiny: TextEncoder) -> None:
+    out, stats = encode_texts(tiny, TEXTS)
+    assert out.shape == (len(TEXTS), tiny.dim) == (len(TEXTS), 384)
+    assert out.dtype == np.float32
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    assert stats.texts == len(TEXTS)
+    assert stats.batches >= 1
+
+
+@pytest.mark.parametrize("budget", [None, 64, 100_000])
+def test_encode_texts_keeps_input_order(tiny: TextEncoder, budget: int | None) -> None:
+    out, _ = encode_texts(tiny, TEXTS, token_budget=budget)
+    alone = np.vstack([encode_texts(tiny, [t])[0] for t in TEXTS])
+    cos = _cos_rows(out, alone)
+    assert np.all(cos >= 0.9999), cos
+    # The rows are not all the same vector, so a permutation would have been caught above.
+    off_diag = _cos_rows(out, np.roll(alone, 1, axis=0))
+    assert np.all(off_diag < 0.9999)
+
+
+def test_encode_texts_bit_identical_across_calls(tiny: TextEncoder) -> None:
+    a, _ = encode_texts(tiny, TEXTS, token_budget=128)
+    b, _ = encode_texts(tiny, TEXTS, token_budget=128)
+    assert np.array_equal(a, b)
+
+
+def test_encode_texts_stats_truncation_and_tokens(tiny32: TextEncoder) -> None:
+    texts = ["short one", _long_text(80, 0), "another short text here", _long_text(200, 1), _long_text(40, 2)]
+    ids, full = tiny32.tokenize(texts)
+    out, stats = encode_texts(tiny32, texts, token_budget=96)
+    assert full[1] > 32 and full[3] > 32 and full[4] > 32 and full[0] <= 32 and full[2] <= 32
+    assert stats.truncated == 3
+    assert all(len(x) <= 32 for x in ids)
+    assert stats.real_tokens == int(np.minimum(full, 32).sum()) == sum(len(x) for x in ids)
+    assert stats.padded_tokens >= stats.real_tokens
+    assert 0.0 < stats.padding_efficiency <= 1.0
+    # Budget 96 fits three 32-token rows; lengths 32, 32, 32, then the two short ones.
+    assert stats.batches == 2
+    assert stats.oom_splits == 0
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+def test_truncation_keeps_the_final_sep(tiny32: TextEncoder) -> None:
+    ids, full = tiny32.tokenize([_long_text(100, 3)])
+    sep = tiny32.tokenizer.token_to_id("[SEP]")
+    cls = tiny32.tokenizer.token_to_id("[CLS]")
+    assert full[0] > 32 and len(ids[0]) == 32
+    assert ids[0][0] == cls and ids[0][-1] == sep
+
+
+def test_no_truncation_counts_zero_and_padding_efficiency_one_for_equal_lengths(tiny: TextEncoder) -> None:
+    texts = ["goal goal goal"] * 6
+    _, stats = encode_texts(tiny, texts)
+    assert stats.truncated == 0
+    assert stats.padded_tokens == stats.real_tokens
+    assert stats.padding_efficiency == 1.0
+
+
+def test_padding_efficiency_below_one_for_mixed_lengths(tiny: TextEncoder) -> None:
+    _, stats = encode_texts(tiny, TEXTS, token_budget=100_000)  # one batch: everything pads to the longest
+    assert stats.batches == 1
+    assert stats.padding_efficiency < 1.0
+    assert stats.padded_tokens == len(TEXTS) * max(len(x) for x in tiny.tokenize(TEXTS)[0])
+
+
+def test_encode_texts_empty(tiny: TextEncoder) -> None:
+    out, stats = encode_texts(tiny, [])
+    assert out.shape == (0, tiny.dim)
+    assert stats.texts == 0 and stats.batches == 0 and stats.padding_efficiency == 1.0
+
+
+def test_encode_stats_merge_and_dict() -> None:
+    a = EncodeStats(texts=2, real_tokens=10, padded_tokens=20, truncated=1, batches=1, oom_splits=0, seconds=0.5)
+    b = EncodeStats(texts=3, real_tokens=30, padded_tokens=30, truncated=0, batches=2, oom_splits=1, seconds=1.0)
+    m = a.merge(b)
+    assert (m.texts, m.real_tokens, m.padded_tokens, m.truncated, m.batches, m.oom_splits) == (5, 40, 50, 1, 3, 1)
+    assert m.seconds == pytest.approx(1.5)
+    assert m.as_dict()["padding_efficiency"] == 0.8
+
+
+def test_oom_back_off_splits_and_loses_nothing(tiny: TextEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = TEXTS * 3  # 36 rows
+    expected, clean = encode_texts(tiny, texts, token_budget=100_000)
+    assert clean.oom_splits == 0
+    real_embed = tiny.embed
+    seen_rows: list[int] = []
+
+    def flaky_embed(input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        if input_ids.shape[0] > 4:
+            raise torch.OutOfMemoryError("fake")
+        seen_rows.append(int(input_ids.shape[0]))
+        return real_embed(input_ids, mask)
+
+    monkeypatch.setattr(tiny, "embed", flaky_embed)
+    out, stats = encode_texts(tiny, texts, token_budget=100_000)
+    assert stats.oom_splits > 0
+    assert stats.texts == len(texts)
+    assert sum(seen_rows) == len(texts)  # every row encoded exactly once after the splits
+    assert max(seen_rows) <= 4
+    assert stats.batches == len(seen_rows)
+    assert np.all(_cos_rows(out, expected) >= 0.9999)
+    assert stats.padded_tokens >= stats.real_tokens == clean.real_tokens
+
+
+def test_oom_on_a_single_row_is_raised(tiny: TextEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    def always_oom(input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        raise torch.OutOfMemoryError("fake")
+
+    monkeypatch.setattr(tiny, "embed", always_oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        encode_texts(tiny, TEXTS[:3])
