@@ -7,13 +7,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from models.precision import check_fidelity, quantize_int8
 from nightscore.errors import ModelLoadError, UsageError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
         if device.type != "cuda":
             return torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if precision == "int8" and device.type != "cpu":
+        raise UsageError("precision int8 (dynamic quantization) runs on CPU only")
+    return {"fp32": torch.float32, "int8": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def load_tokenizer(max_seq_length: int) -> Tokenizer:
@@ -117,15 +120,28 @@ class TextEncoder:
         self.version = version
         self.dim = int(model.config.hidden_size)
         self.load_seconds = 0.0
+        self.fidelity = 1.0  # minimum cosine to fp32 on the probe texts
         self._lock = threading.Lock()  # one forward pass at a time per model: threads share cores anyway
 
     @classmethod
     def load(cls, spec: EncoderSpec) -> "TextEncoder":
-        """Return an encoder loaded from the packaged files (or the tiny twin), timing the load."""
+        """Return an encoder loaded from the packaged files (or the tiny twin), timing the load.
+
+        A precision other than fp32 is checked against fp32 on probe texts first and refused
+        (ModelLoadError) when its fidelity is under the documented floor.
+        """
         started = time.perf_counter()
         configure_threads(spec.num_threads)
         model, version = build_model(spec.kind)
-        encoder = cls(model, load_tokenizer(spec.max_seq_length), spec, version)
+        tokenizer = load_tokenizer(spec.max_seq_length)
+        encoder = cls(model, tokenizer, spec, version)
+        mode = precision_name(spec.precision, encoder.dtype)
+        if mode != "fp32":
+            reference = cls(model, tokenizer, replace(spec, precision="fp32"), version)
+            if mode == "int8":
+                encoder.model = quantize_int8(model)
+            encoder.fidelity = check_fidelity(mode, reference.embed_texts, encoder.embed_texts)
+            encoder.version = f"{version}+{mode}"
         encoder.load_seconds = time.perf_counter() - started
         log.info("loaded %s on %s/%s in %.2fs", version, encoder.device, encoder.dtype, encoder.load_seconds)
         return encoder
@@ -137,6 +153,11 @@ class TextEncoder:
         limit = self.max_length
         ids = [e.ids if len(e.ids) <= limit else e.ids[: limit - 1] + e.ids[-1:] for e in encodings]
         return ids, full
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Return embeddings of a few texts in one batch (for probes; runs use the engine)."""
+        ids, _ = self.tokenize(texts)
+        return self.embed(*self.collate(ids))
 
     def collate(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (input_ids, attention_mask) padded to the batch's longest row only."""
@@ -159,6 +180,13 @@ class TextEncoder:
             pooled = mean_pool(hidden.float(), mask)
             vectors = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return vectors.cpu().numpy().astype(np.float32, copy=False)
+
+
+def precision_name(precision: str, dtype: torch.dtype) -> str:
+    """Return the effective precision mode: int8, or the name of the compute dtype."""
+    if precision == "int8":
+        return "int8"
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

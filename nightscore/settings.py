@@ -41,7 +41,9 @@ class Settings(BaseSettings):
         "minilm", description="minilm: the real all-MiniLM-L6-v2; tiny: a random 1-layer model of the same shape (tests)."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="auto: fp32 on CPU, bf16 on CUDA.")
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
+        "auto", description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
+    )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
     token_budget: int | None = Field(
