@@ -126,3 +126,19 @@ def test_sports_closer_to_sports_than_cooking(minilm: TextEncoder) -> None:
     sims = vecs @ vecs.T
     assert sims[0, 1] > sims[0, 2] + 0.1
     assert sims[1, 0] > sims[1, 2] + 0.1
+
+
+def test_int8_under_its_floor_is_refused() -> None:
+    """int8 dynamic quantization loses too much on this model (min cos ~0.93): the engine refuses it."""
+    from models.encoder import TextEncoder
+    from nightscore.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"precision int8 refused: cosine to fp32 is 0\.\d+ .* floor 0\.99"):
+        TextEncoder.load(EncoderSpec(kind="minilm", device="cpu", precision="int8"))
+
+
+def test_a_precision_over_its_floor_runs_and_is_versioned() -> None:
+    from models.encoder import TextEncoder
+
+    encoder = TextEncoder.load(EncoderSpec(kind="tiny", device="cpu", precision="int8"))
+    assert encoder.version.endswith("+int8") and 0.99 <= encoder.fidelity <= 1.0001
