@@ -17,14 +17,16 @@ from tasks.scoring import build_candidates, score_items, validate_outputs
 # One shard at a time in this process: the encoder already uses every core (or the one GPU), so
 # concurrent shards would only contend. Distributed runs swap in another task runner.
 @flow(name="nightly", task_runner=ThreadPoolTaskRunner(max_workers=1), on_failure=[mark_failed], on_crashed=[mark_interrupted], on_cancellation=[mark_interrupted])
-def nightly(run_date: str | None = None, items_uri: str | None = None, interactions_uri: str | None = None) -> dict[str, Any]:
+def nightly(
+    run_date: str | None = None, items_uri: str | None = None, interactions_uri: str | None = None, resume: str | None = None
+) -> dict[str, Any]:
     """Score one night's inputs and publish item_scores, user_candidates and the candidate cache."""
-    run = start_run("nightly", run_date, items_uri, interactions_uri)
+    run = start_run("nightly", run_date, items_uri, interactions_uri, resume)
     ingested = ingest(run)
     validated = validate_inputs(run, ingested)
     planned = plan_shards(run, validated)
     shards = encode_shard.map(unmapped(run), planned["shards"]).result()
-    encoded = merge_encode_stats(shards)
+    encoded = merge_encode_stats(shards, planned)
     scored = score_items(run, encoded, shards)
     candidates = build_candidates(run, scored)
     checked = validate_outputs(run, planned, candidates)

@@ -81,6 +81,29 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+_VERSIONS: dict[str, str] = {}
+
+
+def model_version(kind: str) -> str:
+    """Return the version of a model kind without loading it: name@digest of its weights file."""
+    if kind not in _VERSIONS:
+        if kind == "minilm":
+            _VERSIONS[kind] = f"{MODEL_NAME}@{_weights_digest(model_dir() / 'model.safetensors')}"
+        elif kind == "tiny":
+            _VERSIONS[kind] = f"tiny-bert-random@seed{TINY_SEED}"
+        else:
+            raise UsageError(f"unknown encoder kind {kind!r} (expected minilm or tiny)")
+    return _VERSIONS[kind]
+
+
+def spec_version(spec: EncoderSpec) -> str:
+    """Return the version of the vectors a spec produces (model version, plus the precision unless fp32)."""
+    mode = spec.precision
+    if mode == "auto":
+        mode = "fp32" if resolve_device(spec.device).type != "cuda" else ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    return model_version(spec.kind) if mode == "fp32" else f"{model_version(spec.kind)}+{mode}"
+
+
 def build_model(kind: str) -> tuple[torch.nn.Module, str]:
     """Return (BertModel in eval mode, model_version) for 'minilm' or the tiny random twin."""
     from transformers import BertConfig, BertModel
@@ -89,14 +112,14 @@ def build_model(kind: str) -> tuple[torch.nn.Module, str]:
     if kind == "minilm":
         path = model_dir()
         model = BertModel.from_pretrained(str(path), attn_implementation="sdpa", add_pooling_layer=False)
-        return model.eval(), f"{MODEL_NAME}@{_weights_digest(path / 'model.safetensors')}"
+        return model.eval(), model_version(kind)
     if kind == "tiny":
         config = BertConfig(
             hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=384,
             vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
         )
         torch.manual_seed(TINY_SEED)
-        return BertModel(config, add_pooling_layer=False).eval(), f"tiny-bert-random@seed{TINY_SEED}"
+        return BertModel(config, add_pooling_layer=False).eval(), model_version(kind)
     raise UsageError(f"unknown encoder kind {kind!r} (expected minilm or tiny)")
 
 

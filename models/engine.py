@@ -6,7 +6,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -52,8 +52,14 @@ def default_token_budget(device: torch.device) -> int:
     return CUDA_TOKEN_BUDGET if device.type == "cuda" else CPU_TOKEN_BUDGET
 
 
-def encode_texts(encoder: TextEncoder, texts: list[str], token_budget: int | None = None) -> tuple[np.ndarray, EncodeStats]:
-    """Return (embeddings in input order, stats) for texts, batched by a token budget."""
+def encode_texts(
+    encoder: TextEncoder, texts: list[str], token_budget: int | None = None, before_batch: Callable[[], None] | None = None
+) -> tuple[np.ndarray, EncodeStats]:
+    """Return (embeddings in input order, stats) for texts, batched by a token budget.
+
+    ``before_batch`` runs before every batch (a graceful stop raises from it, so the current batch
+    always finishes and nothing half-encoded is returned).
+    """
     started = time.perf_counter()
     budget = token_budget or default_token_budget(encoder.device)
     ids, full_lengths = encoder.tokenize(texts)
@@ -61,6 +67,8 @@ def encode_texts(encoder: TextEncoder, texts: list[str], token_budget: int | Non
     out = np.empty((len(texts), encoder.dim), dtype=np.float32)
     runner = _BatchRunner(encoder, ids, out, budget)
     for rows, tensors in _prefetched(plan_batches(lengths, budget), ids, encoder):
+        if before_batch is not None:
+            before_batch()
         runner.run(rows, tensors)
     stats = EncodeStats(
         texts=len(texts), real_tokens=int(lengths.sum()), padded_tokens=runner.padded,

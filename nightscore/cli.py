@@ -12,7 +12,7 @@ from typing import Optional
 import click
 import typer
 
-from nightscore.errors import EXIT_USAGE, NightscoreError, exit_code_for
+from nightscore.errors import EXIT_USAGE, NightscoreError, RunInterrupted, exit_code_for
 from nightscore.settings import Settings, load_settings
 
 log = logging.getLogger("nightscore")
@@ -68,9 +68,11 @@ def run_nightly(
     items: Optional[str] = typer.Option(None, "--items", help="Items Parquet URI (default: demo data in the lake)."),
     interactions: Optional[str] = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
     run_date: Optional[str] = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="RUN_ID of an unfinished run to resume. Default: the unfinished run of the same date and inputs."),
     home: Optional[Path] = HomeOption,
 ) -> None:
-    """Run the nightly scoring flow once, now, and print its summary."""
+    """Run the nightly scoring flow once, now, and print its summary (SIGTERM stops it gracefully)."""
     from nightscore.run_context import parse_run_date
     from datetime import date
 
@@ -78,8 +80,17 @@ def run_nightly(
     _settings(home)
     from flows.nightly import nightly
     from nightscore.output import summary_text
+    from nightscore.stop import install_signal_handlers
 
-    summary = nightly(run_date=run_date, items_uri=items, interactions_uri=interactions)
+    from prefect.exceptions import TerminationSignal
+
+    install_signal_handlers()
+    try:
+        summary = nightly(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
+    except TerminationSignal as exc:  # Prefect turns SIGTERM into this in the flow's thread
+        raise RunInterrupted(
+            "run interrupted by SIGTERM: finished shards are kept; run the same command again (or --resume RUN_ID) to finish it"
+        ) from exc
     typer.echo(summary_text(summary))
 
 

@@ -37,6 +37,12 @@ class CacheUnavailable(NightscoreError):
     """The cache server could not be reached (exit 1; HTTP 503 in serving)."""
 
 
+class RunInterrupted(NightscoreError):
+    """The run was asked to stop (SIGTERM, cancellation); finished shards are kept for a resume (exit 143)."""
+
+    exit_code = 143
+
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

@@ -63,7 +63,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         f" users with candidates: {summary['users_with_candidates']}",
         f"  tokens: {summary['real_tokens']} real / {summary['padded_tokens']} padded"
         f" (padding efficiency {summary['padding_efficiency']:.3f}), {summary['truncated_texts']} texts truncated",
-        f"  encode: {summary['texts_per_s']:.1f} texts/s; model {summary['model_version']}",
+        f"  encode: {summary['rows_computed']} computed, {summary['rows_reused']} reused from published vectors;"
+        f" {summary['shards']} shards ({summary['shards_reused']} from checkpoints); {summary['texts_per_s']:.1f} texts/s",
+        f"  model {summary['model_version']}",
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()),
     ]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 from datetime import date, datetime, time, timedelta, timezone
 
 from nightscore.errors import UsageError
@@ -52,3 +53,8 @@ def parse_run_date(value: str | None, today: date) -> str:
 def make_run_id(flow_name: str, run_date: str, unique: str) -> str:
     """Return a run id: <flow>-<run_date>-<8 hex chars of a unique token>."""
     return f"{flow_name}-{run_date}-{unique.replace('-', '')[:8]}"
+
+
+def run_folder(lake_uri: Callable[..., str], run_date: str, run_id: str) -> str:
+    """Return the lake folder of a run: <lake>/runs/<run_date>/<run_id> (lake_uri is Lake.uri)."""
+    return lake_uri("runs", run_date, run_id)

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(100_000, ge=1, description="Longest accepted item text, in characters.")
     future_tolerance_hours: float = Field(24.0, ge=0, description="How far past the run date a timestamp may lie.")
 
+    # --- resilience --------------------------------------------------------------------------
+    fault_pause_at: str | None = Field(
+        None, description="Chaos/test hook: pause at a named point (ingest, shard:N, publish) until stopped or killed."
+    )
+
     # --- prefect ---------------------------------------------------------------------------
     prefect_startup_timeout_s: int = Field(120, ge=1, description="Startup timeout of Prefect's temporary server.")
 

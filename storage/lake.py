@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import uuid
@@ -69,6 +70,26 @@ class Lake:
             if fs.exists(tmp):
                 fs.rm(tmp)
         return uri
+
+    def write_json(self, payload: dict, uri: str) -> str:
+        """Write a small JSON document atomically (temporary name, then rename) and return uri."""
+        fs, path = self._fs_path(uri)
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        data = json.dumps(payload, sort_keys=True, default=str).encode()
+        if not self.is_local:
+            fs.pipe_file(path, data)
+            return uri
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, path)
+        return uri
+
+    def read_json(self, uri: str) -> dict | None:
+        """Return the JSON document at uri, or None if there is none."""
+        fs, path = self._fs_path(uri)
+        if not fs.exists(path):
+            return None
+        return json.loads(fs.cat_file(path))
 
     def _fs_path(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         if uri.startswith(self.root) or "://" not in uri:

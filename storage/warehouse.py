@@ -1,21 +1,39 @@
-"""The warehouse adapter: DuckDB (embedded default). Publication of a run is one transaction."""
+"""The warehouse adapters: DuckDB (embedded default) and PostgreSQL (storage/warehouse_postgres.py).
+
+Both run the same SQL for every write (``SqlWarehouse``); a backend only supplies a transaction, a
+bulk insert and a read-only query. Publication, rollback and pruning are each one transaction.
+SQL parameters are ``?`` placeholders on both backends.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
 
-from nightscore.errors import PublishError, UsageError
-from storage.warehouse_schema import CANDIDATE_COLUMNS, ITEM_SCORE_COLUMNS, QUARANTINE_COLUMNS, RUN_COLUMNS, ddl
+from nightscore.errors import NightscoreError, PublishError, UsageError
+from storage.warehouse_schema import (
+    CANDIDATE_COLUMNS,
+    ITEM_SCORE_COLUMNS,
+    NEWEST_FIRST,
+    QUARANTINE_COLUMNS,
+    RUN_COLUMNS,
+    ddl,
+)
 
 log = logging.getLogger(__name__)
+
+# Statuses of runs that were published once: a flow hook must never overwrite them.
+ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
+RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine")
 
 
 class QueryResult:
@@ -41,7 +59,9 @@ class Warehouse(ABC):
         """Replace the quarantine rows of run_id; return how many were written."""
 
     @abstractmethod
-    def publish(self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Any = None) -> None:
+    def publish(
+        self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Callable[[], None] | None = None,
+    ) -> None:
         """Make run the published one in one transaction, replacing rows of the same run_date."""
 
     @abstractmethod
@@ -49,12 +69,219 @@ class Warehouse(ABC):
         """Set status and message of the unpublished run of a Prefect flow run; return rows changed."""
 
     @abstractmethod
+    def rollback_latest(self, before_commit: Callable[[str], None] | None = None) -> tuple[str, str | None]:
+        """Mark the latest published run 'rolled_back'; return (rolled_back_run_id, new_latest_run_id)."""
+
+    @abstractmethod
+    def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
+        """Delete the rows of old runs (never the latest published one); return how many runs were pruned."""
+
+    @abstractmethod
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
-        """Run read-only SQL and return its result."""
+        """Run read-only SQL (``?`` placeholders) and return its result."""
 
 
-class DuckDBWarehouse(Warehouse):
-    """A DuckDB file; the writer's connection is held only while it writes, with bounded retry on locks."""
+class Session(Protocol):
+    """One open write transaction of a backend."""
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Execute one statement with ``?`` placeholders; return its rows (none for plain DML)."""
+
+    def insert(self, table: str, rows: pa.Table, columns: list[str]) -> None:
+        """Append rows (only the named columns) to table."""
+
+
+class SqlWarehouse(Warehouse):
+    """The write logic both backends share; a subclass supplies ``_transaction`` and ``query``."""
+
+    @abstractmethod
+    def _transaction(self) -> AbstractContextManager[Session]:
+        """Return a context that yields a Session, commits on exit and rolls back on any exception."""
+
+    def record_run(self, run: dict[str, Any]) -> None:
+        """Insert or update one scoring_runs row."""
+        with self._transaction() as session:
+            _upsert_run(session, run)
+
+    def record_quarantine(self, run_id: str, quarantine: pa.Table) -> int:
+        """Replace the quarantine rows of run_id; return how many were written."""
+        with self._transaction() as session:
+            session.run("DELETE FROM quarantine WHERE run_id = ?", [run_id])
+            session.insert("quarantine", quarantine, QUARANTINE_COLUMNS)
+        return quarantine.num_rows
+
+    def publish(
+        self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Replace run_date's rows with this run's and mark it published, all in one transaction.
+
+        ``before_commit`` (optional callable) runs inside the transaction after the rows are in;
+        if it raises, the transaction rolls back and the previous publication stays current.
+        """
+        with self._transaction() as session:
+            _replace_run_date(session, run["run_id"], run["run_date"])
+            session.insert("item_scores", item_scores, ITEM_SCORE_COLUMNS)
+            session.insert("user_candidates", candidates, CANDIDATE_COLUMNS)
+            _upsert_run(session, {**run, "status": "published", "published_at": _now()})
+            if before_commit is not None:
+                before_commit()
+
+    def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
+        """Set status and message of the unpublished run of a Prefect flow run; return rows changed."""
+        marks = ", ".join("?" for _ in ONCE_PUBLISHED)
+        with self._transaction() as session:
+            changed = session.run(
+                "UPDATE scoring_runs SET status = ?, message = ?, finished_at = ? "
+                f"WHERE flow_run_id = ? AND status NOT IN ({marks}) RETURNING run_id",
+                [status, message[:1000], _now(), flow_run_id, *ONCE_PUBLISHED],
+            )
+        return len(changed)
+
+    def rollback_latest(self, before_commit: Callable[[str], None] | None = None) -> tuple[str, str | None]:
+        """Mark the latest published run 'rolled_back' so the previous published run is latest again.
+
+        Args:
+            before_commit: called with the new latest run_id inside the transaction (e.g. to switch
+                the cache pointer); if it raises, nothing changes.
+
+        Returns:
+            (rolled_back_run_id, new_latest_run_id).
+
+        Raises:
+            UsageError: fewer than two published runs (nothing to roll back to).
+        """
+        with self._transaction() as session:
+            newest = [row[0] for row in session.run(f"{_PUBLISHED} ORDER BY {NEWEST_FIRST} LIMIT 2")]
+            if len(newest) < 2:
+                raise UsageError(f"nothing to roll back to: {len(newest)} published run(s) in the warehouse")
+            session.run(
+                "UPDATE scoring_runs SET status = 'rolled_back', message = ? WHERE run_id = ?",
+                [f"rolled back at {_now().isoformat(timespec='seconds')}; {newest[1]} is latest again", newest[0]],
+            )
+            if before_commit is not None:
+                before_commit(newest[1])
+        log.info("rolled back %s; latest is %s", newest[0], newest[1])
+        return newest[0], newest[1]
+
+    def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
+        """Delete item_scores, user_candidates and quarantine rows of old runs in one transaction.
+
+        A run is old when it is beyond the newest ``keep_runs`` published runs (published runs of
+        lower rank, and other runs that started before the oldest kept one was published), or when
+        its run_date is more than ``keep_days`` days before today. The latest published run is never
+        pruned. scoring_runs rows stay; pruned published runs get status 'pruned' so a rollback can
+        never make an empty run latest.
+
+        Returns:
+            How many runs lost rows or changed status (0 when there was nothing left to prune).
+        """
+        _check_keep(keep_runs, keep_days)
+        with self._transaction() as session:
+            doomed = _runs_to_prune(session, keep_runs, keep_days)
+            touched = _runs_with_rows(session, doomed) | _published_among(session, doomed)
+            if touched:
+                marks = ", ".join("?" for _ in touched)
+                for table in RUN_DATA_TABLES:
+                    session.run(f"DELETE FROM {table} WHERE run_id IN ({marks})", sorted(touched))
+                session.run(f"UPDATE scoring_runs SET status = 'pruned' WHERE status = 'published' AND run_id IN ({marks})",
+                            sorted(touched))
+        log.info("pruned %d run(s)", len(touched))
+        return len(touched)
+
+
+_PUBLISHED = "SELECT run_id FROM scoring_runs WHERE status = 'published'"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_keep(keep_runs: int | None, keep_days: int | None) -> None:
+    if keep_runs is None and keep_days is None:
+        raise UsageError("prune needs keep_runs, keep_days or both")
+    if keep_runs is not None and keep_runs < 1:
+        raise UsageError(f"keep_runs must be at least 1, got {keep_runs}")
+    if keep_days is not None and keep_days < 0:
+        raise UsageError(f"keep_days must be 0 or more, got {keep_days}")
+
+
+def _runs_to_prune(session: Session, keep_runs: int | None, keep_days: int | None) -> set[str]:
+    """Return the run_ids the keep rules let go (the latest published run never among them)."""
+    published = session.run(f"SELECT run_id, published_at FROM scoring_runs WHERE status = 'published' ORDER BY {NEWEST_FIRST}")
+    runs = session.run("SELECT run_id, run_date, COALESCE(published_at, started_at) FROM scoring_runs")
+    doomed: set[str] = set()
+    if keep_runs is not None and len(published) > keep_runs:
+        kept = {run_id for run_id, _ in published[:keep_runs]}
+        cutoff = published[keep_runs - 1][1]
+        doomed |= {run_id for run_id, _ in published[keep_runs:]}
+        if cutoff is not None:
+            doomed |= {run_id for run_id, _, at in runs if run_id not in kept and at is not None and at < cutoff}
+    if keep_days is not None:
+        oldest_kept = date.today() - timedelta(days=keep_days)
+        doomed |= {run_id for run_id, run_date, _ in runs if run_date is not None and run_date < oldest_kept}
+    return doomed - {published[0][0]} if published else doomed
+
+
+def _runs_with_rows(session: Session, run_ids: set[str]) -> set[str]:
+    """Return the run_ids among run_ids that still have rows in a run data table."""
+    if not run_ids:
+        return set()
+    marks = ", ".join("?" for _ in run_ids)
+    union = " UNION ".join(f"SELECT DISTINCT run_id FROM {table} WHERE run_id IN ({marks})" for table in RUN_DATA_TABLES)
+    return {row[0] for row in session.run(union, sorted(run_ids) * len(RUN_DATA_TABLES))}
+
+
+def _published_among(session: Session, run_ids: set[str]) -> set[str]:
+    """Return the run_ids among run_ids whose status is still 'published'."""
+    if not run_ids:
+        return set()
+    marks = ", ".join("?" for _ in run_ids)
+    return {row[0] for row in session.run(f"{_PUBLISHED} AND run_id IN ({marks})", sorted(run_ids))}
+
+
+def _replace_run_date(session: Session, run_id: str, run_date: Any) -> None:
+    session.run("DELETE FROM item_scores WHERE run_date = ?", [run_date])
+    session.run("DELETE FROM user_candidates WHERE run_date = ?", [run_date])
+    session.run(
+        "UPDATE scoring_runs SET status = 'replaced' WHERE run_date = ? AND status = 'published' AND run_id <> ?",
+        [run_date, run_id],
+    )
+
+
+def _upsert_run(session: Session, run: dict[str, Any]) -> None:
+    unknown = set(run) - set(RUN_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown scoring_runs columns: {sorted(unknown)}")
+    names = list(run)
+    updates = ", ".join(f"{n} = excluded.{n}" for n in names if n != "run_id") or "run_id = excluded.run_id"
+    session.run(
+        f"INSERT INTO scoring_runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)}) "
+        f"ON CONFLICT (run_id) DO UPDATE SET {updates}",
+        [run[n] for n in names],
+    )
+
+
+class DuckDBSession:
+    """A write transaction on a DuckDB connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Execute one statement; return its rows."""
+        return self.con.execute(sql, list(params)).fetchall()
+
+    def insert(self, table: str, rows: pa.Table, columns: list[str]) -> None:
+        """Append rows from Arrow (DuckDB reads the registered table in place)."""
+        self.con.register("_incoming", rows.select(columns))
+        try:
+            self.con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
+        finally:
+            self.con.unregister("_incoming")
+
+
+class DuckDBWarehouse(SqlWarehouse):
+    """A DuckDB file; a connection is held only while it is used, with bounded retry on locks."""
 
     def __init__(self, path: str, embedding_dim: int = 384, lock_retries: int = 8, lock_backoff_s: float = 0.25) -> None:
         self.path = path
@@ -62,82 +289,42 @@ class DuckDBWarehouse(Warehouse):
         self.lock_retries, self.lock_backoff_s = lock_retries, lock_backoff_s
 
     @contextmanager
-    def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _transaction(self) -> Iterator[DuckDBSession]:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        con = self._connect_with_retry()
+        con = self._connect_with_retry(read_only=False)
         try:
-            for statement in ddl(self.embedding_dim):
+            for statement in ddl(self.embedding_dim, "duckdb"):
                 con.execute(statement)
-            yield con
+            con.execute("BEGIN")
+            try:
+                yield DuckDBSession(con)
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
         finally:
             con.close()
 
-    def _connect_with_retry(self) -> duckdb.DuckDBPyConnection:
+    def _connect_with_retry(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """Connect, retrying with backoff while another process holds the file's lock."""
         delay = self.lock_backoff_s
+        error: type[NightscoreError] = UsageError if read_only else PublishError
         for attempt in range(self.lock_retries + 1):
             try:
-                return duckdb.connect(self.path)
+                return duckdb.connect(self.path, read_only=read_only)
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or attempt == self.lock_retries:
-                    raise PublishError(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
+                    raise error(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
                 log.warning("warehouse %s locked (attempt %d), retrying in %.2fs", self.path, attempt + 1, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def record_run(self, run: dict[str, Any]) -> None:
-        """Insert or update one scoring_runs row."""
-        unknown = set(run) - set(RUN_COLUMNS)
-        if unknown:
-            raise ValueError(f"unknown scoring_runs columns: {sorted(unknown)}")
-        with self._writer() as con:
-            _upsert_run(con, run)
-
-    def record_quarantine(self, run_id: str, quarantine: pa.Table) -> int:
-        """Replace the quarantine rows of run_id; return how many were written."""
-        with self._writer() as con:
-            con.execute("BEGIN")
-            con.execute("DELETE FROM quarantine WHERE run_id = ?", [run_id])
-            _insert(con, "quarantine", quarantine, QUARANTINE_COLUMNS)
-            con.execute("COMMIT")
-        return quarantine.num_rows
-
-    def publish(self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Any = None) -> None:
-        """Replace run_date's rows with this run's and mark it published, all in one transaction.
-
-        ``before_commit`` (optional callable) runs inside the transaction after the rows are in;
-        if it raises, the transaction rolls back and the previous publication stays current.
-        """
-        with self._writer() as con:
-            con.execute("BEGIN")
-            try:
-                _replace_run_date(con, run["run_id"], run["run_date"])
-                _insert(con, "item_scores", item_scores, ITEM_SCORE_COLUMNS)
-                _insert(con, "user_candidates", candidates, CANDIDATE_COLUMNS)
-                _upsert_run(con, {**run, "status": "published"})
-                con.execute("UPDATE scoring_runs SET published_at = now() WHERE run_id = ?", [run["run_id"]])
-                if before_commit is not None:
-                    before_commit()
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-
-    def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
-        """Set status and message of the unpublished run of a Prefect flow run; return rows changed."""
-        with self._writer() as con:
-            changed = con.execute(
-                "UPDATE scoring_runs SET status = ?, message = ?, finished_at = now() "
-                "WHERE flow_run_id = ? AND status NOT IN ('published', 'replaced') RETURNING run_id",
-                [status, message[:1000], flow_run_id],
-            ).fetchall()
-        return len(changed)
-
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
-        """Run SQL on a read-only connection and return its result."""
+        """Run SQL on a read-only connection (waiting for a writer's lock) and return its result."""
         if not Path(self.path).exists():
             raise UsageError(f"no warehouse at {self.path}: run `nightscore run nightly` first")
-        con = duckdb.connect(self.path, read_only=True)
+        con = self._connect_with_retry(read_only=True)
         try:
             cursor = con.execute(sql, params or [])
             columns = [d[0] for d in cursor.description or []]
@@ -146,39 +333,15 @@ class DuckDBWarehouse(Warehouse):
             con.close()
 
 
-def _replace_run_date(con: duckdb.DuckDBPyConnection, run_id: str, run_date: Any) -> None:
-    con.execute("DELETE FROM item_scores WHERE run_date = ?", [run_date])
-    con.execute("DELETE FROM user_candidates WHERE run_date = ?", [run_date])
-    con.execute(
-        "UPDATE scoring_runs SET status = 'replaced' WHERE run_date = ? AND status = 'published' AND run_id <> ?",
-        [run_date, run_id],
-    )
-
-
-def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, columns: list[str]) -> None:
-    con.register("_incoming", rows.select(columns))
-    try:
-        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
-    finally:
-        con.unregister("_incoming")
-
-
-def _upsert_run(con: duckdb.DuckDBPyConnection, run: dict[str, Any]) -> None:
-    names = list(run)
-    updates = ", ".join(f"{n} = excluded.{n}" for n in names if n != "run_id")
-    con.execute(
-        f"INSERT INTO scoring_runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)}) "
-        f"ON CONFLICT (run_id) DO UPDATE SET {updates}",
-        [run[n] for n in names],
-    )
-
-
 def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
 def open_warehouse(location: str, embedding_dim: int = 384) -> Warehouse:
-    """Return the warehouse adapter for a location (a DuckDB file path)."""
+    """Return the warehouse adapter for a location: a postgresql:// URL or a DuckDB file path."""
     if location.startswith(("postgresql://", "postgres://")):
-        raise UsageError("PostgreSQL warehouses are not supported yet (use a DuckDB path)")
+        # psycopg is imported only when a PostgreSQL warehouse is used
+        from storage.warehouse_postgres import PostgresWarehouse
+
+        return PostgresWarehouse(location)
     return DuckDBWarehouse(location, embedding_dim=embedding_dim)

@@ -1,61 +1,125 @@
-"""The warehouse tables and views analysts query: the names and columns are the contract."""
+"""The warehouse tables and views analysts query: the names and columns are the contract.
+
+Columns are declared once with a portable type name (``text``, ``vector``, ...); ``ddl`` renders them
+for one SQL dialect. Every difference between DuckDB and PostgreSQL DDL lives in this module.
+"""
 
 from __future__ import annotations
 
-RUN_COLUMNS: dict[str, str] = {
-    "run_id": "VARCHAR PRIMARY KEY",
-    "flow_run_id": "VARCHAR",
-    "flow_name": "VARCHAR",
-    "run_date": "DATE",
-    "status": "VARCHAR",
-    "started_at": "TIMESTAMPTZ",
-    "finished_at": "TIMESTAMPTZ",
-    "published_at": "TIMESTAMPTZ",
-    "rows_in": "BIGINT",
-    "rows_quarantined": "BIGINT",
-    "rows_scored": "BIGINT",
-    "interactions_in": "BIGINT",
-    "interactions_quarantined": "BIGINT",
-    "users_with_candidates": "BIGINT",
-    "real_tokens": "BIGINT",
-    "padded_tokens": "BIGINT",
-    "padding_efficiency": "DOUBLE",
-    "truncated_texts": "BIGINT",
-    "texts_per_s": "DOUBLE",
-    "wall_seconds": "DOUBLE",
-    "device": "VARCHAR",
-    "model_version": "VARCHAR",
-    "contract_versions": "VARCHAR",
-    "stage_seconds": "VARCHAR",
-    "message": "VARCHAR",
+from typing import Literal
+
+Dialect = Literal["duckdb", "postgres"]
+
+SQL_TYPES: dict[str, dict[str, str]] = {
+    "duckdb": {
+        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT",
+        "double": "DOUBLE", "vector": "FLOAT[{dim}]",
+    },
+    "postgres": {
+        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT",
+        "double": "DOUBLE PRECISION", "vector": "REAL[] CHECK (cardinality({name}) = {dim})",
+    },
 }
 
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "text PRIMARY KEY",
+    "flow_run_id": "text",
+    "flow_name": "text",
+    "run_date": "date",
+    "status": "text",
+    "started_at": "timestamp",
+    "finished_at": "timestamp",
+    "published_at": "timestamp",
+    "rows_in": "bigint",
+    "rows_quarantined": "bigint",
+    "rows_scored": "bigint",
+    "interactions_in": "bigint",
+    "interactions_quarantined": "bigint",
+    "users_with_candidates": "bigint",
+    "real_tokens": "bigint",
+    "padded_tokens": "bigint",
+    "padding_efficiency": "double",
+    "truncated_texts": "bigint",
+    "texts_per_s": "double",
+    "wall_seconds": "double",
+    "device": "text",
+    "model_version": "text",
+    "contract_versions": "text",
+    "stage_seconds": "text",
+    "message": "text",
+}
 
-def ddl(embedding_dim: int) -> list[str]:
-    """Return the CREATE statements of every table and view (idempotent)."""
-    runs = ",\n  ".join(f"{name} {kind}" for name, kind in RUN_COLUMNS.items())
-    return [
-        f"CREATE TABLE IF NOT EXISTS scoring_runs (\n  {runs}\n)",
-        f"""CREATE TABLE IF NOT EXISTS item_scores (
-  run_id VARCHAR NOT NULL, run_date DATE NOT NULL, item_id VARCHAR NOT NULL, model_version VARCHAR NOT NULL,
-  topic VARCHAR NOT NULL, topic_score DOUBLE NOT NULL, token_count INTEGER NOT NULL, content_hash VARCHAR NOT NULL,
-  embedding FLOAT[{embedding_dim}] NOT NULL
-)""",
-        """CREATE TABLE IF NOT EXISTS user_candidates (
-  run_id VARCHAR NOT NULL, run_date DATE NOT NULL, user_id VARCHAR NOT NULL, rank INTEGER NOT NULL,
-  item_id VARCHAR NOT NULL, score DOUBLE NOT NULL
-)""",
-        """CREATE TABLE IF NOT EXISTS quarantine (
-  run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, row_key VARCHAR, reason VARCHAR NOT NULL,
-  rule VARCHAR, value VARCHAR
-)""",
-        """CREATE OR REPLACE VIEW latest_run AS
-  SELECT * FROM scoring_runs WHERE status = 'published' ORDER BY published_at DESC LIMIT 1""",
-        "CREATE OR REPLACE VIEW latest_item_scores AS SELECT * FROM item_scores WHERE run_id = (SELECT run_id FROM latest_run)",
-        "CREATE OR REPLACE VIEW latest_user_candidates AS SELECT * FROM user_candidates WHERE run_id = (SELECT run_id FROM latest_run)",
-    ]
+TABLES: dict[str, dict[str, str]] = {
+    "scoring_runs": RUN_COLUMNS,
+    "item_scores": {
+        "run_id": "text NOT NULL", "run_date": "date NOT NULL", "item_id": "text NOT NULL",
+        "model_version": "text NOT NULL", "topic": "text NOT NULL", "topic_score": "double NOT NULL",
+        "token_count": "int NOT NULL", "content_hash": "text NOT NULL", "embedding": "vector NOT NULL",
+    },
+    "user_candidates": {
+        "run_id": "text NOT NULL", "run_date": "date NOT NULL", "user_id": "text NOT NULL", "rank": "int NOT NULL",
+        "item_id": "text NOT NULL", "score": "double NOT NULL",
+    },
+    "quarantine": {
+        "run_id": "text NOT NULL", "dataset": "text NOT NULL", "row_key": "text", "reason": "text NOT NULL",
+        "rule": "text", "value": "text",
+    },
+}
+
+# The one definition of "latest": views and rollback_latest order published runs the same way.
+NEWEST_FIRST = "published_at DESC, run_id DESC"
+
+VIEWS: dict[str, str] = {
+    "latest_run": f"SELECT * FROM scoring_runs WHERE status = 'published' ORDER BY {NEWEST_FIRST} LIMIT 1",
+    "latest_item_scores": "SELECT * FROM item_scores WHERE run_id = (SELECT run_id FROM latest_run)",
+    "latest_user_candidates": "SELECT * FROM user_candidates WHERE run_id = (SELECT run_id FROM latest_run)",
+}
+
+# PostgreSQL only: indexes for the views' run_id lookups and run_date replacement (DuckDB's zone maps
+# do that job), and round(double precision, integer), which DuckDB has and PostgreSQL lacks, so the
+# same analyst SQL runs on both.
+POSTGRES_EXTRAS: dict[str, str] = {
+    "item_scores_run_id": "CREATE INDEX IF NOT EXISTS item_scores_run_id ON item_scores (run_id)",
+    "item_scores_run_date": "CREATE INDEX IF NOT EXISTS item_scores_run_date ON item_scores (run_date)",
+    "user_candidates_run_id": "CREATE INDEX IF NOT EXISTS user_candidates_run_id ON user_candidates (run_id)",
+    "user_candidates_run_date": "CREATE INDEX IF NOT EXISTS user_candidates_run_date ON user_candidates (run_date)",
+    "quarantine_run_id": "CREATE INDEX IF NOT EXISTS quarantine_run_id ON quarantine (run_id)",
+    "round": (
+        "CREATE OR REPLACE FUNCTION round(double precision, integer) RETURNS double precision "
+        "LANGUAGE sql IMMUTABLE STRICT AS 'SELECT round($1::numeric, $2)::double precision'"
+    ),
+}
+
+ITEM_SCORE_COLUMNS = list(TABLES["item_scores"])
+CANDIDATE_COLUMNS = list(TABLES["user_candidates"])
+QUARANTINE_COLUMNS = list(TABLES["quarantine"])
 
 
-ITEM_SCORE_COLUMNS = ["run_id", "run_date", "item_id", "model_version", "topic", "topic_score", "token_count", "content_hash", "embedding"]
-CANDIDATE_COLUMNS = ["run_id", "run_date", "user_id", "rank", "item_id", "score"]
-QUARANTINE_COLUMNS = ["run_id", "dataset", "row_key", "reason", "rule", "value"]
+def kind(table: str, column: str) -> str:
+    """Return the portable type name of a column (``text``, ``date``, ``vector``, ...)."""
+    return TABLES[table][column].split()[0]
+
+
+def column_sql(name: str, spec: str, dialect: Dialect, embedding_dim: int) -> str:
+    """Return one column's declaration (type and constraints) in a dialect."""
+    portable, _, constraints = spec.partition(" ")
+    sql_type = SQL_TYPES[dialect][portable].format(name=name, dim=embedding_dim)
+    return f"{sql_type} {constraints}".strip()
+
+
+def ddl(embedding_dim: int, dialect: Dialect = "duckdb") -> list[str]:
+    """Return the CREATE statements of every table, view (and PostgreSQL index), all idempotent."""
+    statements = []
+    for table, columns in TABLES.items():
+        body = ",\n  ".join(f"{name} {column_sql(name, spec, dialect, embedding_dim)}" for name, spec in columns.items())
+        statements.append(f"CREATE TABLE IF NOT EXISTS {table} (\n  {body}\n)")
+    statements += [f"CREATE OR REPLACE VIEW {name} AS {sql}" for name, sql in VIEWS.items()]
+    if dialect == "postgres":
+        statements += list(POSTGRES_EXTRAS.values())
+    return statements
+
+
+def object_names(dialect: Dialect) -> list[str]:
+    """Return the tables, views and indexes ``ddl`` creates (to tell whether it must run)."""
+    extras = [name for name in POSTGRES_EXTRAS if name != "round"] if dialect == "postgres" else []
+    return [*TABLES, *VIEWS, *extras]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from nightscore.errors import RunInterrupted
 from storage.resources import warehouse_for
 from tasks.common import settings
 
@@ -20,7 +21,13 @@ def _mark(flow_run: Any, state: Any, status: str) -> None:
 
 
 def mark_failed(flow: Any, flow_run: Any, state: Any) -> None:
-    """Record the run as failed with the state's message."""
+    """Record the run as failed with the state's message (interrupted when it stopped on request)."""
+    try:
+        state.result()
+    except RunInterrupted:
+        return _mark(flow_run, state, "interrupted")
+    except BaseException:  # noqa: BLE001 - any other failure is a plain failure
+        pass
     _mark(flow_run, state, "failed")
 
 

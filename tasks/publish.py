@@ -20,7 +20,8 @@ def publish(run: dict[str, str], stages: dict[str, dict[str, Any]], checked: dic
     try:
         stage.record_quarantine(lake, warehouse, ctx)
         summary = stage.run_summary(ctx, stages)
-        published = stage.publish(lake, warehouse, cache, ctx, summary)
+        published = stage.publish(lake, warehouse, cache, ctx, summary, cfg.fault_pause_at, cfg.home / "faults")
     finally:
         cache.close()
-    return {**summary, "status": "published", **published}
+    reuse = {k: stages["encode"][k] for k in ("rows_reused", "rows_computed", "shards", "shards_reused")}
+    return {**summary, "status": "published", **reuse, **published}

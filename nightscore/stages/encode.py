@@ -1,20 +1,31 @@
-"""Stages around the model: plan shards over the whole run, encode one shard."""
+"""Stages around the model: plan shards over the whole run (reusing published vectors), encode one shard.
+
+Checkpoints: a shard is done when ``shards/shard-NNNNN-<key>.done`` exists. Its Parquet file is
+written first (temporary name, then rename), the marker last, so a run killed at any moment never
+leaves a half-written shard that looks done. The key hashes the vectors' version, the encode
+settings and the shard's (item_id, content_hash) rows: a re-run of the same run reuses every done
+shard; anything that changes the shard's vectors changes its key.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from models.encoder import EncoderSpec, get_encoder, load_tokenizer
+from models.encoder import EncoderSpec, get_encoder, load_tokenizer, spec_version
 from models.engine import encode_texts
 from models.planning import assign_shards
-from nightscore.run_context import RunContext
+from nightscore.errors import NightscoreError
+from nightscore.run_context import RunContext, run_folder
 from nightscore.settings import Settings
+from nightscore.stop import fault_point, raise_if_stopped
 from storage.lake import Lake
+from storage.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -29,53 +40,111 @@ def content_hash(texts: pl.Series) -> pl.Series:
     return pl.Series("content_hash", [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts], dtype=pl.String)
 
 
-def plan_shards(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
-    """Tokenize every valid item, bucket by length and cut shards; produces ``plan.parquet``."""
+def previous_vectors(lake: Lake, warehouse: Warehouse) -> pl.DataFrame | None:
+    """Return (model_version, content_hash, embedding) of the latest published run, or None if there is none."""
+    try:
+        latest = warehouse.query("SELECT run_id, CAST(run_date AS VARCHAR) FROM latest_run").rows
+    except NightscoreError:
+        return None
+    if not latest:
+        return None
+    uri = f"{run_folder(lake.uri, latest[0][1], latest[0][0])}/item_scores.parquet"
+    if not lake.exists(uri):
+        log.warning("published run %s has no item_scores in the lake (%s): nothing is reused", latest[0][0], uri)
+        return None
+    return lake.read_parquet(uri, "item_scores", columns=["model_version", "content_hash", "embedding"])
+
+
+def reusable_vectors(previous: pl.DataFrame | None, version: str, hashes: pl.Series) -> pl.DataFrame:
+    """Return (content_hash, embedding) of published vectors with the same version and content, one per hash."""
+    if previous is None or previous.height == 0:
+        return pl.DataFrame(schema={"content_hash": pl.String, "embedding": pl.Array(pl.Float32, 384)})
+    return (previous.filter((pl.col("model_version") == version) & pl.col("content_hash").is_in(hashes.implode()))
+            .select("content_hash", "embedding").unique("content_hash", keep="first", maintain_order=True))
+
+
+def plan_shards(lake: Lake, run: RunContext, settings: Settings, previous: pl.DataFrame | None) -> dict[str, object]:
+    """Tokenize, reuse published vectors of unchanged items, bucket the rest by length and cut shards.
+
+    Produces ``plan.parquet`` (every valid item; shard -1 when its vector is reused) and
+    ``reused.parquet`` (item_id, embedding of the reused items).
+    """
     started = time.perf_counter()
     items = lake.read_parquet(run.path("valid/items.parquet"), "items", columns=["item_id", "text"])
-    tokenizer = load_tokenizer(settings.max_seq_length)
-    full = np.fromiter((len(e.ids) for e in tokenizer.encode_batch(items.get_column("text").to_list())), dtype=np.int64)
+    items = items.with_columns(content_hash(items.get_column("text")))
+    version = spec_version(encoder_spec(settings))
+    reuse = reusable_vectors(previous, version, items.get_column("content_hash"))
+    reused = items.join(reuse, on="content_hash", how="inner").select("item_id", "embedding")
+    full = _token_lengths(items.get_column("text").to_list(), settings.max_seq_length)
     lengths = np.minimum(full, settings.max_seq_length)
-    buckets, shards = assign_shards(lengths, settings.bucket_boundaries, settings.shard_size)
-    plan = items.with_columns(
-        content_hash(items.get_column("text")),
-        pl.Series("token_count", lengths, dtype=pl.Int32),
-        pl.Series("bucket", buckets, dtype=pl.Int32),
-        pl.Series("shard", shards, dtype=pl.Int32),
-    )
+    plan = items.with_columns(pl.Series("token_count", lengths, dtype=pl.Int32), _shards(items, reused, lengths, settings))
     lake.write_parquet(plan, run.path("plan.parquet"))
-    return {
-        "shards": sorted(int(s) for s in np.unique(shards)), "items": items.height,
-        "truncated": int((full > settings.max_seq_length).sum()), "real_tokens": int(lengths.sum()),
-        "seconds": time.perf_counter() - started,
-    }
+    lake.write_parquet(reused, run.path("reused.parquet"))
+    shards = sorted(int(s) for s in plan.get_column("shard").unique() if s >= 0)
+    log.info("plan: %d items, %d reused from published vectors, %d to encode in %d shards",
+             items.height, reused.height, items.height - reused.height, len(shards))
+    return {"shards": shards, "items": items.height, "rows_reused": reused.height, "model_version": version,
+            "rows_computed": items.height - reused.height, "truncated": int((full > settings.max_seq_length).sum()),
+            "real_tokens": int(lengths.sum()), "seconds": time.perf_counter() - started}
+
+
+def _token_lengths(texts: list[str], max_seq_length: int) -> np.ndarray:
+    tokenizer = load_tokenizer(max_seq_length)
+    return np.fromiter((len(e.ids) for e in tokenizer.encode_batch(texts)), dtype=np.int64, count=len(texts))
+
+
+def _shards(items: pl.DataFrame, reused: pl.DataFrame, lengths: np.ndarray, settings: Settings) -> pl.Series:
+    """Return each item's shard: -1 when reused, else length-bucketed shards of the items to encode."""
+    todo = ~items.get_column("item_id").is_in(reused.get_column("item_id").implode()).to_numpy()
+    shards = np.full(items.height, -1, dtype=np.int32)
+    if todo.any():
+        _, shards[todo] = assign_shards(lengths[todo], settings.bucket_boundaries, settings.shard_size)
+    return pl.Series("shard", shards, dtype=pl.Int32)
+
+
+def shard_key(rows: pl.DataFrame, version: str, settings: Settings) -> str:
+    """Return the checkpoint key of a shard: its vectors' version, encode settings and (item, content) rows."""
+    digest = hashlib.sha256(f"{version}|{settings.max_seq_length}|{settings.token_budget}".encode())
+    for item_id, chash in rows.select("item_id", "content_hash").sort("item_id").iter_rows():
+        digest.update(f"\n{item_id}:{chash}".encode())
+    return digest.hexdigest()[:16]
 
 
 def encode_shard(lake: Lake, run: RunContext, settings: Settings, shard: int) -> dict[str, object]:
-    """Encode one shard's texts; produces ``shards/shard-NNNNN.parquet`` (item_id, embedding)."""
-    encoder = get_encoder(encoder_spec(settings))
-    plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "text", "shard"])
+    """Encode one shard unless its checkpoint is done; produces ``shards/shard-NNNNN-<key>.parquet``."""
+    plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "text", "content_hash", "shard"])
     rows = plan.filter(pl.col("shard") == shard)
-    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), settings.token_budget)
-    frame = pl.DataFrame({"item_id": rows.get_column("item_id")}).with_columns(
-        pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, encoder.dim))
-    )
-    uri = lake.write_parquet(frame, run.path(f"shards/shard-{shard:05d}.parquet"))
+    spec = encoder_spec(settings)
+    base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, spec_version(spec), settings)}")
+    done = lake.read_json(f"{base}.done")
+    if done is not None:
+        log.info("shard %d: reused checkpoint %s.parquet (%d texts)", shard, base, done["texts"])
+        return {**done, "reused": True, "seconds": 0.0}
+    encoder = get_encoder(spec)
+    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), settings.token_budget,
+                                  before_batch=lambda: raise_if_stopped(f"shard {shard}"))
+    frame = rows.select("item_id").with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, encoder.dim)))
+    lake.write_parquet(frame, f"{base}.parquet")
+    result = {"shard": shard, "uri": f"{base}.parquet", "device": str(encoder.device), "model_version": encoder.version,
+              "load_seconds": encoder.load_seconds, **stats.as_dict()}
+    lake.write_json(result, f"{base}.done")  # the commit: only now is the shard done
     log.info("shard %d: %d texts, %.0f texts/s, padding efficiency %.3f", shard, stats.texts,
              stats.texts / max(stats.seconds, 1e-9), stats.padding_efficiency)
-    return {"shard": shard, "uri": uri, "device": str(encoder.device), "model_version": encoder.version,
-            "load_seconds": encoder.load_seconds, **stats.as_dict()}
-
+    fault_point(f"shard:{shard}", settings.fault_pause_at, Path(str(settings.home)) / "faults")
+    return {**result, "reused": False}
 
 
 SUMMED = ("texts", "real_tokens", "padded_tokens", "truncated", "batches", "oom_splits", "seconds")
 
 
-def merge_shard_stats(shards: list[dict[str, object]]) -> dict[str, object]:
-    """Return the run's encode stats: shard counters summed, padding efficiency recomputed."""
-    merged: dict[str, object] = {key: sum(s[key] for s in shards) for key in SUMMED}  # type: ignore[misc]
+def merge_shard_stats(shards: list[dict[str, object]], planned: dict[str, object]) -> dict[str, object]:
+    """Return the run's encode stats: counters of the shards computed now summed, reuse counted apart."""
+    computed = [s for s in shards if not s.get("reused")]
+    merged: dict[str, object] = {key: sum(s[key] for s in computed) for key in SUMMED}  # type: ignore[misc]
     merged["padding_efficiency"] = merged["real_tokens"] / merged["padded_tokens"] if merged["padded_tokens"] else 1.0
-    first = shards[0] if shards else {}
-    merged.update(shards=len(shards), device=first.get("device", "none"), model_version=first.get("model_version", "none"),
-                  load_seconds=max((float(s["load_seconds"]) for s in shards), default=0.0))
+    first = computed[0] if computed else {}
+    merged.update(shards=len(shards), shards_reused=len(shards) - len(computed), device=first.get("device", "none"),
+                  model_version=planned["model_version"], rows_reused=planned["rows_reused"],
+                  rows_computed=planned["rows_computed"], truncated=planned["truncated"],
+                  load_seconds=max((float(s.get("load_seconds", 0.0)) for s in computed), default=0.0))
     return merged

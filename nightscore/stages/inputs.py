@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from datetime import timedelta
 
 import polars as pl
@@ -16,6 +17,7 @@ from nightscore.demo_data import generate_demo_data
 from nightscore.errors import ContractViolation, InputUnreadable
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
+from nightscore.stop import fault_point
 from storage.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ def ensure_demo_inputs(lake: Lake, n_items: int = 2000, n_users: int = 500, seed
     return items_uri, inter_uri
 
 
-def ingest(lake: Lake, run: RunContext) -> dict[str, object]:
+def ingest(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
     """Snapshot both inputs into the run folder with contract types; return their row counts.
 
     Produces ``ingest/items.parquet`` and ``ingest/interactions.parquet``. A file that cannot be
@@ -51,6 +53,7 @@ def ingest(lake: Lake, run: RunContext) -> dict[str, object]:
         lake.write_parquet(conform(raw, columns, dataset, uri), run.path(f"ingest/{dataset}.parquet"))
         counts[f"{dataset}_in"] = raw.height
     counts["seconds"] = time.perf_counter() - started
+    fault_point("ingest", settings.fault_pause_at, Path(str(settings.home)) / "faults")
     return counts
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,6 +17,7 @@ from data_contracts.outputs import (
 )
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
+from nightscore.stop import fault_point
 from storage.cache import CandidateCache
 from storage.candidate_payload import encode_candidates
 from storage.lake import Lake
@@ -44,16 +46,23 @@ def cache_entries(candidates: pl.DataFrame):
         yield user_id, encode_candidates(item_ids, scores)
 
 
-def publish(lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any]) -> dict[str, object]:
+def publish(
+    lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any],
+    fault_pause_at: str | None = None, fault_dir: Path = Path("."),
+) -> dict[str, object]:
     """Publish a run: cache version written (invisible), then one warehouse transaction that switches the cache pointer before commit."""
     started = time.perf_counter()
     scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores")
     candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
-    written = cache.write_version(run.run_id, cache_entries(candidates))
     old_pointer = cache.current()
+    if old_pointer == run.run_id:  # resumed after a crash past the switch: the version was complete before it
+        written = candidates.get_column("user_id").n_unique()
+    else:
+        written = cache.write_version(run.run_id, cache_entries(candidates))
 
     def switch_pointer() -> None:
         cache.switch_current(run.run_id)
+        fault_point("publish", fault_pause_at, fault_dir)  # the worst moment: cache switched, warehouse not committed
 
     try:
         warehouse.publish(summary, scores.to_arrow(), candidates.to_arrow(), before_commit=switch_pointer)

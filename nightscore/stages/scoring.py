@@ -25,7 +25,8 @@ def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: lis
     """Join shard embeddings with the plan and add zero-shot topics; produces ``item_scores.parquet``."""
     started = time.perf_counter()
     encoder = get_encoder(encoder_spec(settings))
-    vectors = pl.concat([lake.read_parquet(uri, "shard") for uri in sorted(shard_uris)])
+    parts = [lake.read_parquet(uri, "shard") for uri in sorted(shard_uris)]
+    vectors = pl.concat([*parts, lake.read_parquet(run.path("reused.parquet"), "reused")])
     plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "content_hash", "token_count"])
     scored = plan.join(vectors, on="item_id", how="inner", validate="1:1").sort("item_id")
     names = list(settings.topic_labels)

@@ -1,0 +1,204 @@
+"""Flow tier, real processes and real signals: SIGKILL/SIGTERM mid-run, resume, incremental re-runs.
+
+Every run is the `nightscore` console script in its own process, against one Prefect server this
+module starts on loopback (an ephemeral server per process would cost ~10 s each). The tiny encoder
+keeps runs short; shards of 40 rows give several checkpoints to kill between.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from storage.cache import open_cache
+from storage.candidate_payload import decode_candidates
+
+CLI = str(Path(sys.executable).with_name("nightscore"))
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+RUN_DATE = "2026-11-30"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect")), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false"}
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_for(lambda: _healthy(url), 120, server, "Prefect server")
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(check, timeout: float, proc: subprocess.Popen | None, what: str) -> None:
+    """Wait until check() is true; fail if proc exits first or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not ready after {timeout}s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a folder with demo inputs: 300 items, 60 users."""
+    from nightscore.demo_data import generate_demo_data
+
+    folder = tmp_path_factory.mktemp("inputs")
+    items, interactions = generate_demo_data(300, 60, seed=2)
+    items.write_parquet(folder / "items.parquet")
+    interactions.write_parquet(folder / "interactions.parquet")
+    return folder
+
+
+def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, items: Path | None = None) -> subprocess.Popen[str]:
+    """Start `nightscore run nightly` on the inputs; output goes to <home>.log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
+    env.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
+    if pause_at:
+        env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
+    log = open(f"{home}.log", "a")
+    return subprocess.Popen(
+        [CLI, "run", "nightly", "--items", str(items or inputs / "items.parquet"), "--interactions",
+         str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def run_to_end(home: Path, inputs: Path, api: str, items: Path | None = None) -> str:
+    """Run to completion and return the process output; fail on a non-zero exit."""
+    proc = launch(home, inputs, api, items=items)
+    assert proc.wait(timeout=300) == 0, Path(f"{home}.log").read_text()[-3000:]
+    return Path(f"{home}.log").read_text()
+
+
+def paused(home: Path, inputs: Path, api: str, point: str) -> subprocess.Popen[str]:
+    """Start a run and return it once it waits at the fault point."""
+    proc = launch(home, inputs, api, pause_at=point)
+    marker = home / "faults" / f"{point.replace(':', '-')}.reached"
+    wait_for(marker.exists, 180, proc, f"run paused at {point}")
+    return proc
+
+
+def outputs(home: Path) -> dict[str, object]:
+    """Return the published outputs of a home: scores, candidates and the cache's current lists."""
+    con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
+    try:
+        scores = con.execute("select item_id, topic, topic_score, token_count, content_hash, embedding "
+                             "from latest_item_scores order by item_id").fetchall()
+        cands = con.execute("select user_id, rank, item_id, score from latest_user_candidates order by user_id, rank").fetchall()
+        run_id = con.execute("select run_id from latest_run").fetchone()[0]
+    finally:
+        con.close()
+    cache = open_cache(str(home / "cache.sqlite"), "nightscore")
+    users = sorted({row[0] for row in cands})
+    lists = {}
+    for user in users:
+        got_run, blob = cache.read(user)
+        assert got_run == run_id
+        ids, values = decode_candidates(blob)
+        lists[user] = (ids, values.tolist())
+    cache.close()
+    return {"scores": scores, "candidates": cands, "cache": lists}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_api: str) -> dict[str, object]:
+    """Return the outputs of one uninterrupted run."""
+    home = tmp_path_factory.mktemp("ref") / "home"
+    run_to_end(home, inputs, prefect_api)
+    return outputs(home)
+
+
+@pytest.mark.parametrize("point", ["ingest", "shard:2", "publish"])
+def test_sigkill_then_rerun_equals_an_uninterrupted_run(point: str, tmp_path: Path, inputs: Path, prefect_api: str,
+                                                        reference: dict[str, object]) -> None:
+    home = tmp_path / "home"
+    proc = paused(home, inputs, prefect_api, point)
+    proc.kill()
+    proc.wait(timeout=30)
+    log = run_to_end(home, inputs, prefect_api)
+    assert "resuming run" in log
+    if point == "shard:2":
+        assert len(re.findall(r"shard \d+: reused checkpoint", log)) >= 3  # shards 0, 1, 2 were committed
+    assert outputs(home) == reference
+
+
+def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(tmp_path: Path, inputs: Path, prefect_api: str,
+                                                                       reference: dict[str, object]) -> None:
+    home = tmp_path / "home"
+    proc = paused(home, inputs, prefect_api, "shard:1")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    took = time.monotonic() - started
+    log = Path(f"{home}.log").read_text()
+    assert code == 143, log[-2000:]
+    assert "nightscore: error: run interrupted by SIGTERM" in log
+    assert took < 120
+    con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
+    assert con.execute("select status from scoring_runs").fetchall() == [("interrupted",)]
+    con.close()
+    log = run_to_end(home, inputs, prefect_api)
+    assert "shard 0: reused checkpoint" in log and "shard 1: reused checkpoint" in log
+    assert outputs(home) == reference
+
+
+def summary_counts(log: str) -> tuple[int, int]:
+    """Return (computed, reused) of the last run summary in a log."""
+    found = re.findall(r"encode: (\d+) computed, (\d+) reused", log)
+    assert found, log[-2000:]
+    return int(found[-1][0]), int(found[-1][1])
+
+
+def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(tmp_path: Path, inputs: Path, prefect_api: str) -> None:
+    home = tmp_path / "home"
+    assert summary_counts(run_to_end(home, inputs, prefect_api)) == (300, 0)
+    first = outputs(home)
+    assert summary_counts(run_to_end(home, inputs, prefect_api)) == (0, 300)
+    assert outputs(home) == first  # reused vectors give exactly the same scores
+
+    items = pl.read_parquet(inputs / "items.parquet")
+    changed = np.random.default_rng(0).choice(items.height, size=15, replace=False)
+    edited = items.with_columns(
+        pl.when(pl.int_range(pl.len()).is_in(changed.tolist())).then(pl.col("body") + " edited").otherwise(pl.col("body")).alias("body"))
+    edited_path = tmp_path / "items_edited.parquet"
+    edited.write_parquet(edited_path)
+    assert summary_counts(run_to_end(home, inputs, prefect_api, items=edited_path)) == (15, 285)
+    con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
+    assert con.execute("select count(*) from item_scores").fetchone()[0] == 300  # the run_date's rows replaced
+    con.close()
