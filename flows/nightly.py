@@ -29,7 +29,7 @@ def nightly(
     encoded = merge_encode_stats(shards, planned)
     scored = score_items(run, encoded, shards)
     candidates = build_candidates(run, scored)
-    checked = validate_outputs(run, planned, candidates)
+    checked = validate_outputs(run, planned, candidates, validated)
     stages = {"ingest": ingested, "validate": validated, "plan": planned, "encode": encoded,
               "score": scored, "candidates": candidates, "validate_outputs": checked}
     return publish(run, stages, checked)

@@ -68,4 +68,6 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"  model {summary['model_version']}",
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()),
     ]
+    if summary.get("data_docs"):
+        lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in summary["data_docs"].items()))
     return "\n".join(lines)

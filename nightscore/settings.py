@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(100_000, ge=1, description="Longest accepted item text, in characters.")
     future_tolerance_hours: float = Field(24.0, ge=0, description="How far past the run date a timestamp may lie.")
 
+    row_count_band: float = Field(0.5, ge=0, description="Dataset suites: allowed row-count change vs the previous run.")
+    topic_share_tolerance: float = Field(0.1, ge=0, le=1, description="Dataset suites: allowed change of a topic's share.")
+    mean_topic_score_tolerance: float = Field(0.1, ge=0, le=1, description="Dataset suites: allowed change of mean topic_score.")
+    min_user_coverage: float = Field(0.9, ge=0, le=1, description="Dataset suites: users with candidates / users, at least.")
+
     # --- resilience --------------------------------------------------------------------------
     fault_pause_at: str | None = Field(
         None, description="Chaos/test hook: pause at a named point (ingest, shard:N, publish) until stopped or killed."

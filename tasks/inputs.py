@@ -14,7 +14,7 @@ from prefect.runtime import flow_run
 from nightscore.errors import ContractViolation, UsageError
 from nightscore.run_context import RunContext, parse_run_date
 from nightscore.stages import inputs as stage
-from nightscore.stages import runs
+from nightscore.stages import contracts, runs
 from nightscore.stop import chain_stop_handler
 from storage.lake import Lake
 from nightscore.stages.publish import record_quarantine
@@ -67,9 +67,10 @@ def ingest(run: dict[str, str]) -> dict[str, object]:
 def validate_inputs(run: dict[str, str], ingested: dict[str, object]) -> dict[str, object]:
     """Produce valid/items, valid/interactions and quarantine; record quarantine rows even when the run fails."""
     cfg, ctx = settings(), context(run)
-    lake = lake_for(cfg)
+    lake, warehouse = lake_for(cfg), warehouse_for(cfg)
     try:
-        return stage.validate_inputs(lake, ctx, cfg)
+        counts = stage.validate_inputs(lake, ctx, cfg)
     except ContractViolation:
-        record_quarantine(lake, warehouse_for(cfg), ctx)
+        record_quarantine(lake, warehouse, ctx)
         raise
+    return {**counts, "suites": contracts.gate(lake, warehouse, ctx, cfg, ["items", "interactions"])}

@@ -24,4 +24,5 @@ def publish(run: dict[str, str], stages: dict[str, dict[str, Any]], checked: dic
     finally:
         cache.close()
     reuse = {k: stages["encode"][k] for k in ("rows_reused", "rows_computed", "shards", "shards_reused")}
-    return {**summary, "status": "published", **reuse, **published}
+    docs = {**stages["validate"]["suites"]["docs"], **stages["validate_outputs"]["suites"]["docs"]}
+    return {**summary, "status": "published", **reuse, **published, "data_docs": docs}

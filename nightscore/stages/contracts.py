@@ -1,0 +1,72 @@
+"""Dataset-level gates (Great Expectations suites) at both ends of a run, against the previous published run.
+
+Each gate validates what the stage wrote (through pandas, whole or a seeded sample above 200k rows),
+writes GX Data Docs under the run's folder (``contracts/docs/<dataset>/index.html``; under
+``<home>/docs/<run_id>/`` when the lake is remote) and the stats the next run compares against
+(``contracts/<dataset>.stats.json``). A failed expectation fails the run with exit code 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from data_contracts.datasets import SuiteParams, render_failures, validate_dataset
+from nightscore.errors import ContractViolation, NightscoreError
+from nightscore.run_context import RunContext, run_folder
+from nightscore.settings import Settings
+from storage.lake import Lake
+from storage.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
+
+FILES = {"items": "valid/items.parquet", "interactions": "valid/interactions.parquet",
+         "item_scores": "item_scores.parquet", "user_candidates": "user_candidates.parquet"}
+
+
+def suite_params(settings: Settings, expected_users: int | None = None) -> SuiteParams:
+    """Return the suites' parameters from settings."""
+    return SuiteParams(
+        row_count_band=settings.row_count_band, topic_share_tolerance=settings.topic_share_tolerance,
+        mean_topic_score_tolerance=settings.mean_topic_score_tolerance, top_k=settings.top_k,
+        min_user_coverage=settings.min_user_coverage, topic_labels=tuple(settings.topic_labels),
+        events=tuple(settings.event_weights), expected_users=expected_users,
+    )
+
+
+def previous_stats(lake: Lake, warehouse: Warehouse, dataset: str) -> dict[str, float] | None:
+    """Return a dataset's stats from the latest published run, or None for a first run."""
+    try:
+        latest = warehouse.query("SELECT run_id, CAST(run_date AS VARCHAR) FROM latest_run").rows
+    except NightscoreError:
+        return None
+    if not latest:
+        return None
+    return lake.read_json(f"{run_folder(lake.uri, latest[0][1], latest[0][0])}/contracts/{dataset}.stats.json")
+
+
+def docs_dir(lake: Lake, run: RunContext, settings: Settings, dataset: str) -> str:
+    """Return the local folder of a dataset's Data Docs for this run."""
+    if lake.is_local:
+        return str(Path(lake.fs._strip_protocol(run.path(f"contracts/docs/{dataset}"))))
+    return str(Path(settings.home) / "docs" / run.run_id / dataset)
+
+
+def gate(lake: Lake, warehouse: Warehouse, run: RunContext, settings: Settings, datasets: list[str],
+         expected_users: int | None = None) -> dict[str, object]:
+    """Validate datasets against their suites; raise ContractViolation naming each failed expectation."""
+    started, params = time.perf_counter(), suite_params(settings, expected_users)
+    docs, versions, failed = {}, {}, []
+    for dataset in datasets:
+        frame = lake.read_parquet(run.path(FILES[dataset]), dataset)
+        report = validate_dataset(dataset, frame, previous_stats(lake, warehouse, dataset), params,
+                                  docs_dir=docs_dir(lake, run, settings, dataset))
+        lake.write_json(report.statistics, run.path(f"contracts/{dataset}.stats.json"))
+        docs[dataset], versions[dataset] = report.docs_path, report.suite_version
+        if not report.success:
+            failed.append(render_failures(report))
+    log.info("dataset suites %s: %s; Data Docs %s", ",".join(datasets), "failed" if failed else "passed", docs)
+    if failed:
+        raise ContractViolation("dataset suite failed: " + " | ".join(failed))
+    return {"docs": docs, "suite_versions": versions, "seconds": time.perf_counter() - started}
