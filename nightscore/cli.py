@@ -115,9 +115,38 @@ def runs(limit: int = typer.Option(20, "--limit", min=1), home: Optional[Path] =
     from nightscore.output import render
     from storage.resources import warehouse_for
 
-    sql = ("SELECT run_id, run_date, status, rows_in, rows_quarantined, rows_scored, users_with_candidates, "
-           "round(wall_seconds, 1) AS wall_s, message FROM scoring_runs ORDER BY started_at DESC LIMIT ?")
+    sql = ("SELECT run_id, run_date, status, rows_in, rows_quarantined, rows_scored, rows_reused, rows_computed, "
+           "users_with_candidates, round(wall_seconds, 1) AS wall_s, message FROM scoring_runs ORDER BY started_at DESC LIMIT ?")
     typer.echo(render(warehouse_for(cfg).query(sql, [limit]), "table"))
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="Inspect or move the published candidate cache.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("rollback")
+def cache_rollback(home: Optional[Path] = HomeOption) -> None:
+    """Point the cache and the warehouse's latest_* views back to the previous published run, together."""
+    cfg = _settings(home)
+    from nightscore.stages.publish import rollback
+    from storage.resources import cache_for, warehouse_for
+
+    with cache_for(cfg) as cache:
+        rolled_back, latest = rollback(warehouse_for(cfg), cache)
+    typer.echo(f"rolled back {rolled_back}; latest is now {latest} (warehouse views and cache pointer)")
+
+
+@app.command("prune")
+def prune(
+    keep_runs: Optional[int] = typer.Option(None, "--keep-runs", min=1, help="Keep the rows of the newest N published runs."),
+    keep_days: Optional[int] = typer.Option(None, "--keep-days", min=0, help="Keep the rows of runs dated within N days."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Delete the rows of old runs from the warehouse (never the latest published run)."""
+    cfg = _settings(home)
+    from storage.resources import warehouse_for
+
+    typer.echo(f"pruned {warehouse_for(cfg).prune(keep_runs, keep_days)} run(s)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,9 @@ RUN_COLUMNS: dict[str, str] = {
     "rows_in": "bigint",
     "rows_quarantined": "bigint",
     "rows_scored": "bigint",
+    "rows_reused": "bigint",
+    "rows_computed": "bigint",
+    "shards_reused": "bigint",
     "interactions_in": "bigint",
     "interactions_quarantined": "bigint",
     "users_with_candidates": "bigint",
@@ -46,6 +49,7 @@ RUN_COLUMNS: dict[str, str] = {
     "model_version": "text",
     "contract_versions": "text",
     "stage_seconds": "text",
+    "data_docs": "text",
     "message": "text",
 }
 

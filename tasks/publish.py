@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import task
@@ -23,6 +24,5 @@ def publish(run: dict[str, str], stages: dict[str, dict[str, Any]], checked: dic
         published = stage.publish(lake, warehouse, cache, ctx, summary, cfg.fault_pause_at, cfg.home / "faults")
     finally:
         cache.close()
-    reuse = {k: stages["encode"][k] for k in ("rows_reused", "rows_computed", "shards", "shards_reused")}
-    docs = {**stages["validate"]["suites"]["docs"], **stages["validate_outputs"]["suites"]["docs"]}
-    return {**summary, "status": "published", **reuse, **published, "data_docs": docs}
+    return {**summary, "status": "published", "shards": stages["encode"]["shards"], **published,
+            "data_docs": json.loads(summary["data_docs"])}

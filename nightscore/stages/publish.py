@@ -15,6 +15,7 @@ from data_contracts.inputs import INTERACTIONS_CONTRACT, ITEMS_CONTRACT
 from data_contracts.outputs import (
     ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT, candidate_failures, enforce, item_score_failures,
 )
+from nightscore.errors import PublishError
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
 from nightscore.stop import fault_point
@@ -69,13 +70,48 @@ def publish(
     except BaseException:
         _undo_cache(cache, run.run_id, old_pointer)
         raise
+    dropped = drop_old_versions(cache)
+    write_partitions(lake, run, {"item_scores": scores, "user_candidates": candidates})
     seconds = time.perf_counter() - started
     stage_seconds = {**json.loads(summary["stage_seconds"]), "publish": round(seconds, 3)}
     finished = datetime.now(timezone.utc)
     wall = (finished - datetime.fromisoformat(run.started_at)).total_seconds()
     warehouse.record_run({"run_id": run.run_id, "finished_at": finished, "wall_seconds": wall, "stage_seconds": json.dumps(stage_seconds)})
-    log.info("published %s: %d item scores, %d users in cache", run.run_id, scores.height, written)
+    log.info("published %s: %d item scores, %d users in cache (dropped old versions: %s)", run.run_id, scores.height,
+             written, ", ".join(dropped) or "none")
     return {"cache_entries": written, "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
+
+
+def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame]) -> list[str]:
+    """Write published tables as Hive partitions <lake>/outputs/<table>/run_date=YYYY-MM-DD/part-0.parquet.
+
+    One file per table and run_date, replaced atomically by a re-publish of the same date, so engines
+    other than ours (Spark, Trino, DuckDB on S3) read exactly what the warehouse holds.
+    """
+    uris = []
+    for table, frame in tables.items():
+        uri = lake.uri("outputs", table, f"run_date={run.run_date}", "part-0.parquet")
+        uris.append(lake.write_parquet(frame.drop("run_date"), uri))
+    return uris
+
+
+def drop_old_versions(cache: CandidateCache) -> list[str]:
+    """Drop cache versions older than the previous one (kept for rollback); return the dropped run ids."""
+    keep = {cache.current(), cache.previous()}
+    dropped = [run_id for run_id in cache.versions() if run_id not in keep]
+    for run_id in dropped:
+        cache.drop_version(run_id)
+    return dropped
+
+
+def rollback(warehouse: Warehouse, cache: CandidateCache) -> tuple[str, str | None]:
+    """Point the warehouse's latest_* views and the cache back to the previous published run, together."""
+    def switch(run_id: str) -> None:
+        if run_id not in cache.versions():
+            raise PublishError(f"cache has no entries of run {run_id}: cannot roll the cache back to it")
+        cache.switch_current(run_id)
+
+    return warehouse.rollback_latest(before_commit=switch)
 
 
 def _undo_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
@@ -105,6 +141,9 @@ def run_summary(run: RunContext, stages: dict[str, dict[str, Any]]) -> dict[str,
         "started_at": started_at, "finished_at": datetime.now(timezone.utc),
         "rows_in": stages["validate"]["rows_in"], "rows_quarantined": stages["validate"]["rows_quarantined"],
         "rows_scored": stages["score"]["rows_scored"], "interactions_in": stages["validate"]["interactions_in"],
+        "rows_reused": encoded["rows_reused"], "rows_computed": encoded["rows_computed"],
+        "shards_reused": encoded["shards_reused"],
+        "data_docs": json.dumps({**stages["validate"]["suites"]["docs"], **stages["validate_outputs"]["suites"]["docs"]}),
         "interactions_quarantined": stages["validate"]["interactions_quarantined"],
         "users_with_candidates": stages["candidates"]["users_with_candidates"],
         "real_tokens": encoded["real_tokens"], "padded_tokens": encoded["padded_tokens"],

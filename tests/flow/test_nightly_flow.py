@@ -38,6 +38,9 @@ def scalar(sql: str) -> object:
     return warehouse_for(load_settings()).query(sql).rows[0][0]
 
 
+from flows.nightly import nightly  # noqa: E402
+
+
 def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Path) -> None:
     from flows.nightly import nightly
 
@@ -131,3 +134,30 @@ def test_republishing_a_run_date_replaces_its_rows(tiny: Path, tmp_path: Path) -
     assert scalar("select count(*) from item_scores") == 120
     assert scalar("select run_id from latest_run") == second["run_id"]
     assert scalar(f"select status from scoring_runs where run_id = '{first['run_id']}'") == "replaced"
+
+
+def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path) -> None:
+    """Hive partitions mirror the warehouse; rollback moves views and cache together; drift fails the output suite."""
+    import duckdb
+
+    from nightscore.stages.publish import rollback
+
+    items, interactions = generate_demo_data(200, 40, seed=8)
+    items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
+    first = nightly(run_date="2026-11-29", items_uri=items_uri, interactions_uri=inter_uri)
+    second = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+    lake = Path(load_settings().lake_root)
+    hive = duckdb.sql(f"select run_date, count(*) from read_parquet('{lake}/outputs/item_scores/*/*.parquet', "
+                      "hive_partitioning = true) group by all order by 1").fetchall()
+    assert [(str(d), n) for d, n in hive] == [("2026-11-29", 200), (RUN_DATE, 200)]
+
+    cache = cache_for(load_settings())
+    assert rollback(warehouse_for(load_settings()), cache) == (second["run_id"], first["run_id"])
+    assert scalar("select run_id from latest_run") == first["run_id"] and cache.current() == first["run_id"]
+
+    drifted = items.with_columns(pl.lit("football match").alias("title"),
+                                 pl.lit("the striker scored a goal in the league match at the stadium").alias("body"))
+    drift_items, _ = write_inputs(tmp_path / "drift", drifted, interactions)
+    with pytest.raises(ContractViolation, match="dataset suite failed: item_scores"):
+        nightly(run_date="2026-12-02", items_uri=drift_items, interactions_uri=inter_uri)
+    assert scalar("select run_id from latest_run") == first["run_id"] and cache.current() == first["run_id"]
