@@ -23,6 +23,7 @@ INTERACTIONS_CONTRACT = "interactions/1"
 ITEM_COLUMNS = {"item_id": pl.String, "title": pl.String, "body": pl.String, "created_at": pl.Datetime("us", "UTC")}
 INTERACTION_COLUMNS = {"user_id": pl.String, "item_id": pl.String, "event": pl.String, "ts": pl.Datetime("us", "UTC")}
 EVENTS = ["view", "click", "purchase"]
+REPLACEMENT_CHAR = "\ufffd"  # what invalid UTF-8 bytes decode to; a text holding it is quarantined
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ def conform(frame: pl.DataFrame, columns: dict[str, pl.DataType], dataset: str, 
 def _cast(series: pl.Series, dtype: pl.DataType, dataset: str, uri: str) -> pl.Series:
     if series.dtype == dtype:
         return series
+    if series.dtype == pl.Binary and dtype == pl.String:
+        return _decode_utf8(series)
     try:
         if isinstance(dtype, pl.Datetime):
             return _to_utc(series)
@@ -62,6 +65,11 @@ def _cast(series: pl.Series, dtype: pl.DataType, dataset: str, uri: str) -> pl.S
         raise InputUnreadable(
             f"{dataset} file {uri}: column {series.name} has type {series.dtype} and cannot be read as {dtype}"
         ) from exc
+
+
+def _decode_utf8(series: pl.Series) -> pl.Series:
+    """Return bytes decoded as UTF-8; invalid sequences become U+FFFD, which the valid_utf8 rule quarantines."""
+    return pl.Series(series.name, [None if b is None else b.decode("utf-8", "replace") for b in series], dtype=pl.String)
 
 
 def _to_utc(series: pl.Series) -> pl.Series:
@@ -84,7 +92,8 @@ def items_schema(rules: InputRules) -> pa.DataFrameSchema:
             "title": pa.Column(str, nullable=True),
             "body": pa.Column(str, nullable=False),
             "created_at": pa.Column(pl.Datetime("us", "UTC"), nullable=True, checks=pa.Check.le(rules.not_after)),
-            "text": pa.Column(str, nullable=False, checks=[_not_blank(), pa.Check.str_length(max_value=rules.max_text_chars)]),
+            "text": pa.Column(str, nullable=False, checks=[
+                _not_blank(), _valid_utf8(), pa.Check.str_length(max_value=rules.max_text_chars)]),
         },
         name="items",
     )
@@ -107,6 +116,13 @@ def _not_blank() -> pa.Check:
     return pa.Check(
         lambda data: data.lazyframe.select(pl.col(data.key).str.strip_chars().str.len_chars() > 0),
         name="not_blank",
+    )
+
+
+def _valid_utf8() -> pa.Check:
+    return pa.Check(
+        lambda data: data.lazyframe.select(~pl.col(data.key).str.contains(REPLACEMENT_CHAR, literal=True)),
+        name="valid_utf8",
     )
 
 

@@ -120,6 +120,27 @@ def runs(limit: int = typer.Option(20, "--limit", min=1), home: Optional[Path] =
     typer.echo(render(warehouse_for(cfg).query(sql, [limit]), "table"))
 
 
+contracts_app = typer.Typer(no_args_is_help=True, help="Data contracts of the inputs.")
+app.add_typer(contracts_app, name="contracts")
+
+
+@contracts_app.command("check")
+def contracts_check(
+    items: str = typer.Option(..., "--items", help="Items Parquet URI."),
+    interactions: str = typer.Option(..., "--interactions", help="Interactions Parquet URI."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
+    cfg = _settings(home)
+    from nightscore.stages.check import check_inputs, check_report
+    from storage.resources import lake_for
+
+    check = check_inputs(lake_for(cfg), cfg, items, interactions)
+    typer.echo(check_report(check, cfg.quarantine_max_share))
+    if not check.passed(cfg.quarantine_max_share):
+        raise typer.Exit(3)
+
+
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or move the published candidate cache.")
 app.add_typer(cache_app, name="cache")
 
