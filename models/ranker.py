@@ -105,13 +105,14 @@ def build_features(pairs: pl.DataFrame, item_table: pl.DataFrame, affinity: pl.D
     joined = pairs.join(item_table, on="item_id", how="left", maintain_order="left").join(
         affinity, on=["user_id", "topic"], how="left", maintain_order="left"
     )
-    return joined.with_columns(
+    features = joined.with_columns(
         pl.col("retrieval_score").cast(pl.Float64),
         pl.col("log_popularity").fill_null(0.0),
         pl.col("freshness_days").fill_null(0.0),
         pl.col("affinity").fill_null(0.0).alias("topic_affinity"),
         pl.col("topic_score").fill_null(0.0),
-    ).drop("affinity", "topic")
+    )
+    return features.select(*(c for c in pairs.columns if c not in FEATURE_NAMES), *FEATURE_NAMES)
 
 
 def feature_matrix(frame: pl.DataFrame) -> np.ndarray:
@@ -274,7 +275,9 @@ def default_cutoff(interactions: pl.DataFrame, quantile: float = 0.8) -> datetim
     return interactions.select(pl.col("ts").quantile(quantile, interpolation="nearest")).item()
 
 
-def _sample_negatives(positives: pl.DataFrame, interactions: pl.DataFrame, item_ids: list[str], per_positive: int, seed: int) -> pl.DataFrame:
+def _sample_negatives(
+    positives: pl.DataFrame, interactions: pl.DataFrame, item_ids: list[str], per_positive: int, seed: int
+) -> pl.DataFrame:
     """Return (user_id, item_id) pairs: per_positive x positives items per user the user never interacted with."""
     rng = np.random.default_rng(seed)
     all_items = np.array(sorted(item_ids))
@@ -291,7 +294,7 @@ def _sample_negatives(positives: pl.DataFrame, interactions: pl.DataFrame, item_
 
 
 def training_examples(
-    interactions: pl.DataFrame, items: pl.DataFrame, item_scores: pl.DataFrame, cutoff: datetime,
+    items: pl.DataFrame, interactions: pl.DataFrame, item_scores: pl.DataFrame, cutoff: datetime,
     retrieval_fn: RetrievalFn, negatives_per_positive: int = 4, seed: int = 0,
 ) -> pl.DataFrame:
     """Return labelled pairs (user_id, item_id, label, *FEATURE_NAMES) of users active before and after cutoff.
@@ -306,8 +309,8 @@ def training_examples(
         .join(history.select("user_id").unique(), on="user_id", how="semi")
     )
     negatives = _sample_negatives(positives, interactions, items.get_column("item_id").to_list(), negatives_per_positive, seed)
-    pairs = pl.concat([positives.with_columns(pl.lit(1, pl.Int8).alias("label")), negatives.with_columns(pl.lit(0, pl.Int8).alias("label"))])
-    pairs = pairs.sort("user_id", "item_id")
+    labelled = [positives.with_columns(label=pl.lit(1, pl.Int8)), negatives.with_columns(label=pl.lit(0, pl.Int8))]
+    pairs = pl.concat(labelled).sort("user_id", "item_id")
     pairs = pairs.with_columns(pl.Series("retrieval_score", retrieval_fn(history, pairs, cutoff), dtype=pl.Float64))
     table = item_features(items, history, item_scores, cutoff)
     return build_features(pairs, table, user_topic_affinity(history, table, cutoff))
@@ -325,13 +328,14 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def mean_ndcg(users: np.ndarray, labels: np.ndarray, scores: np.ndarray, k: int = NDCG_K) -> float:
     """Return NDCG@k with binary relevance averaged over users with a positive (ties: lower row first)."""
-    frame = pl.DataFrame({"user": users, "label": np.asarray(labels, dtype=np.float64), "score": np.asarray(scores, dtype=np.float64)})
+    frame = pl.DataFrame({"user": users, "label": np.asarray(labels, np.float64), "score": np.asarray(scores, np.float64)})
     frame = frame.with_row_index("row").sort(["user", "score", "row"], descending=[False, True, False])
     gains = frame.with_columns(pos=pl.int_range(pl.len()).over("user")).filter(pl.col("pos") < k)
     discount = 1.0 / (pl.col("pos") + 2).cast(pl.Float64).log(2)
     dcg = gains.group_by("user").agg((pl.col("label") * discount).sum().alias("dcg"))
     ideal = frame.group_by("user").agg(pl.col("label").sum().alias("n_pos")).filter(pl.col("n_pos") > 0)
-    ideal = ideal.with_columns(pl.col("n_pos").map_elements(lambda n: _ideal_dcg(int(n), k), return_dtype=pl.Float64).alias("idcg"))
+    idcg = pl.col("n_pos").map_elements(lambda n: _ideal_dcg(int(n), k), return_dtype=pl.Float64).alias("idcg")
+    ideal = ideal.with_columns(idcg)
     joined = ideal.join(dcg, on="user", how="left")
     return float((joined["dcg"] / joined["idcg"]).mean()) if joined.height else float("nan")
 
@@ -387,7 +391,9 @@ def ranker_version(net: RankerNet, feature_names: tuple[str, ...]) -> str:
 class RankerModel:
     """A trained ranker, loaded once and shared: score(features) -> one logit per row (higher ranks first)."""
 
-    def __init__(self, net: RankerNet, feature_names: tuple[str, ...] = FEATURE_NAMES, metrics: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, net: RankerNet, feature_names: tuple[str, ...] = FEATURE_NAMES, metrics: dict[str, float] | None = None
+    ) -> None:
         self.net = net.eval()
         self.feature_names = tuple(feature_names)
         self.hidden = int(net.mlp[0].out_features)
@@ -413,9 +419,9 @@ class TrainConfig:
     """Hyper-parameters of train_ranker (defaults fit the demo data in about a second on a CPU)."""
 
     hidden: int = 32
-    epochs: int = 12
-    batch_size: int = 128
-    learning_rate: float = 3e-3
+    epochs: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-2
     negatives_per_positive: int = 4
     holdout_share: float = 0.3
     seed: int = 0
@@ -424,7 +430,7 @@ class TrainConfig:
 def split_users(examples: pl.DataFrame, holdout_share: float, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (train, held-out) examples split by user with a seeded permutation of the sorted user ids."""
     users = np.array(sorted(examples.get_column("user_id").unique().to_list()))
-    held = set(np.random.default_rng(seed).permutation(users)[: int(round(len(users) * holdout_share))].tolist())
+    held = set(np.random.default_rng(seed).permutation(users)[: round(len(users) * holdout_share)].tolist())
     mask = examples.get_column("user_id").is_in(list(held))
     return examples.filter(~mask), examples.filter(mask)
 
@@ -447,21 +453,23 @@ def fit_net(x: np.ndarray, y: np.ndarray, config: TrainConfig) -> RankerNet:
 
 
 def train_ranker(
-    interactions: pl.DataFrame, items: pl.DataFrame, item_scores: pl.DataFrame, retrieval_fn: RetrievalFn,
+    items: pl.DataFrame, interactions: pl.DataFrame, item_scores: pl.DataFrame, retrieval_fn: RetrievalFn,
     cutoff: datetime | None = None, config: TrainConfig = TrainConfig(),
 ) -> RankerModel:
     """Train the ranker on a time split of the log; its metrics compare it with retrieval alone on held-out users.
 
     Args:
+        items: item_id, created_at.
         interactions: user_id, item_id, event, ts.
-        items: item_id, created_at (and title/body when retrieval_fn embeds text).
         item_scores: item_id, topic, topic_score.
         retrieval_fn: retrieval scores of the training pairs (embedding_retrieval in production).
         cutoff: the time split; default default_cutoff(interactions).
         config: hyper-parameters and seed.
     """
     cutoff = cutoff or default_cutoff(interactions)
-    examples = training_examples(interactions, items, item_scores, cutoff, retrieval_fn, config.negatives_per_positive, config.seed)
+    examples = training_examples(
+        items, interactions, item_scores, cutoff, retrieval_fn, config.negatives_per_positive, config.seed
+    )
     train, held_out = split_users(examples, config.holdout_share, config.seed)
     net = fit_net(feature_matrix(train), train.get_column("label").to_numpy(), config)
     model = RankerModel(net)

@@ -37,6 +37,10 @@ class ServingConfig:
     max_in_flight: int = 256
     features_refresh_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 0 or self.features_refresh_s < 0:
+            raise ValueError("max_in_flight and features_refresh_s must not be negative")
+
 
 def serving_config(
     settings: Settings, model_path: str | Path, item_features_path: str | Path,

@@ -37,7 +37,8 @@ class Metrics:
         with self._lock:
             lines = ["# HELP nightscore_requests_total HTTP requests by endpoint and status.",
                      "# TYPE nightscore_requests_total counter"]
-            lines += [f'nightscore_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in sorted(self._requests.items())]
+            requests = sorted(self._requests.items())
+            lines += [f'nightscore_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in requests]
             lines += ["# HELP nightscore_fallbacks_total Popular-items answers by reason.",
                       "# TYPE nightscore_fallbacks_total counter"]
             lines += [f'nightscore_fallbacks_total{{reason="{r}"}} {n}' for r, n in sorted(self._fallbacks.items())]
@@ -52,5 +53,5 @@ class Metrics:
         cumulative = [sum(buckets[: i + 1]) for i in range(len(buckets))]
         name = "nightscore_request_seconds"
         lines = [f'{name}_bucket{{endpoint="{endpoint}",le="{le}"}} {n}' for le, n in zip(bounds, cumulative, strict=True)]
-        return lines + [f'{name}_sum{{endpoint="{endpoint}"}} {self._sums[endpoint]:.6f}',
-                        f'{name}_count{{endpoint="{endpoint}"}} {cumulative[-1]}']
+        return [*lines, f'{name}_sum{{endpoint="{endpoint}"}} {self._sums[endpoint]:.6f}',
+                f'{name}_count{{endpoint="{endpoint}"}} {cumulative[-1]}']
