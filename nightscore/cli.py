@@ -94,6 +94,37 @@ def run_nightly(
     typer.echo(summary_text(summary))
 
 
+@run_app.command("train-ranker")
+def run_train_ranker(
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Published run to train on (default: the latest)."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Train the online ranker on a published run and print its offline metrics."""
+    _settings(home)
+    from flows.train_ranker import train_ranker
+
+    result = train_ranker(run_id=run_id)
+    metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["metrics"].items()) if isinstance(v, float))
+    typer.echo(f"ranker {result['version']} saved to {result['path']}\n  {metrics}")
+
+
+@app.command("serve")
+def serve(
+    port: int = typer.Option(8000, "--port", min=1, max=65535), host: str = typer.Option("127.0.0.1", "--host"),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Serve GET /v1/users/{user_id}/recommendations from the cache with the trained ranker."""
+    cfg = _settings(home)
+    from nightscore.stages.ranking import ITEM_FILE, MODEL_FILE, USER_FILE
+    from serving.app import run_server
+    from serving.config import serving_config
+
+    root = cfg.serving_root
+    config = serving_config(cfg, root / MODEL_FILE, root / ITEM_FILE, root / USER_FILE,
+                            max_in_flight=cfg.serving_max_in_flight, fallback_on_cache_error=cfg.serving_fallback)
+    run_server(config, host=host, port=port)
+
+
 @app.command("query")
 def query(
     sql: str = typer.Argument(..., help="Read-only SQL over the warehouse tables and views."),

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS), description="Weight of each event type in user vectors."
     )
 
+    # --- serving -----------------------------------------------------------------------------
+    serving_dir: Path | None = Field(None, description="Ranker model and feature tables for serving. Default <home>/serving.")
+    serving_max_in_flight: int = Field(256, ge=0, description="Requests in flight before the ranker answers 429.")
+    serving_fallback: bool = Field(True, description="Answer popular items when the cache is unreachable (else 503).")
+
     # --- contracts -------------------------------------------------------------------------
     quarantine_max_share: float = Field(
         0.05, ge=0, le=1, description="A dataset with a larger quarantined share fails the run (exit 3)."
@@ -102,6 +107,11 @@ class Settings(BaseSettings):
     def warehouse_location(self) -> str:
         """Return the warehouse URL or DuckDB path."""
         return self.warehouse_url or str(self.home / "warehouse.duckdb")
+
+    @property
+    def serving_root(self) -> Path:
+        """Return the folder of the ranker model and the serving feature tables."""
+        return self.serving_dir or self.home / "serving"
 
     @property
     def cache_location(self) -> str:

@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from nightscore.stages import publish as stage
+from nightscore.stages import ranking
 from storage.resources import cache_for, lake_for, warehouse_for
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS, context, is_transient, settings
 
@@ -22,6 +23,7 @@ def publish(run: dict[str, str], stages: dict[str, dict[str, Any]], checked: dic
         stage.record_quarantine(lake, warehouse, ctx)
         summary = stage.run_summary(ctx, stages)
         published = stage.publish(lake, warehouse, cache, ctx, summary, cfg.fault_pause_at, cfg.home / "faults")
+        ranking.publish_serving_features(lake, ctx, cfg)
     finally:
         cache.close()
     return {**summary, "status": "published", "shards": stages["encode"]["shards"], **published,

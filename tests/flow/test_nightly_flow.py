@@ -161,3 +161,30 @@ def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path
     with pytest.raises(ContractViolation, match="dataset suite failed: item_scores"):
         nightly(run_date="2026-12-02", items_uri=drift_items, interactions_uri=inter_uri)
     assert scalar("select run_id from latest_run") == first["run_id"] and cache.current() == first["run_id"]
+
+
+def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_path: Path) -> None:
+    """The nightly run feeds the service: train the ranker on it, then ask for a user's recommendations."""
+    from fastapi.testclient import TestClient
+
+    from flows.train_ranker import train_ranker
+    from nightscore.stages.ranking import ITEM_FILE, MODEL_FILE, USER_FILE
+    from serving.app import create_app
+    from serving.config import serving_config
+
+    items, interactions = generate_demo_data(300, 60, seed=9)
+    published = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
+                        interactions_uri=str(tmp_path / "in" / "interactions.parquet"))
+    trained = train_ranker()
+    assert 0.0 <= trained["metrics"]["auc"] <= 1.0
+    cfg = load_settings()
+    root = cfg.serving_root
+    with TestClient(create_app(serving_config(cfg, root / MODEL_FILE, root / ITEM_FILE, root / USER_FILE))) as client:
+        user = interactions["user_id"][0]
+        body = client.get(f"/v1/users/{user}/recommendations", params={"n": 5}).json()
+        assert body["run_id"] == published["run_id"] and body["model_version"] == trained["version"]
+        assert not body["fallback"] and len(body["items"]) == 5
+        candidates = {r[0] for r in warehouse_for(cfg).query(
+            "select item_id from latest_user_candidates where user_id = ?", [user]).rows}
+        assert {item["item_id"] for item in body["items"]} <= candidates
+        assert client.get("/v1/users/nobody/recommendations").json()["fallback"] == "popular"
