@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pandera.polars as pa
 import polars as pl
+from pandera.errors import SchemaError, SchemaErrors
 
 from nightscore.errors import ContractViolation
 
@@ -12,9 +14,44 @@ USER_CANDIDATES_CONTRACT = "user_candidates/1"
 NORM_TOLERANCE = 1e-3
 
 
+def item_scores_schema(labels: list[str]) -> pa.DataFrameSchema:
+    """Return the pandera row contract of item_scores (embedding checks are numeric, below)."""
+    return pa.DataFrameSchema({
+        "item_id": pa.Column(str, nullable=False, unique=True),
+        "topic": pa.Column(str, nullable=False, checks=pa.Check.isin(labels)),
+        "topic_score": pa.Column(float, nullable=False, checks=pa.Check.in_range(0.0, 1.0)),
+        "token_count": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.ge(1), required=False),
+        "content_hash": pa.Column(str, nullable=False, checks=pa.Check.str_length(64, 64), required=False),
+        "model_version": pa.Column(str, nullable=False, required=False),
+    }, name="item_scores")
+
+
+def user_candidates_schema(k: int) -> pa.DataFrameSchema:
+    """Return the pandera row contract of user_candidates: keys present, rank in 1..K, (user, item) unique."""
+    return pa.DataFrameSchema({
+        "user_id": pa.Column(str, nullable=False),
+        "item_id": pa.Column(str, nullable=False),
+        "rank": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.in_range(1, k)),
+        "score": pa.Column(float, nullable=False),
+    }, unique=["user_id", "item_id"], name="user_candidates")
+
+
+def pandera_failures(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> list[str]:
+    """Return one line per failing pandera check: column, check, failing rows and an example value."""
+    try:
+        schema.validate(frame, lazy=True)
+    except SchemaErrors as exc:
+        cases = exc.failure_cases.group_by("column", "check", maintain_order=True).agg(
+            pl.len().alias("n"), pl.col("failure_case").first().alias("example"))
+        return [f"{schema.name}.{c}: {check} failed for {n} row(s), e.g. {ex}" for c, check, n, ex in cases.iter_rows()]
+    except SchemaError as exc:
+        return [f"{schema.name}: {' '.join(str(exc).split())[:200]}"]
+    return []
+
+
 def item_score_failures(scores: pl.DataFrame, labels: list[str], expected_rows: int) -> list[str]:
-    """Return the item_scores rules that fail: row count, unique ids, finite unit-norm embeddings, topics."""
-    failures = []
+    """Return the item_scores rules that fail: pandera row contract, row count, finite unit-norm embeddings."""
+    failures = pandera_failures(scores, item_scores_schema(labels))
     if scores.height != expected_rows:
         failures.append(f"item_scores has {scores.height} rows, expected {expected_rows}")
     if scores.get_column("item_id").n_unique() != scores.height:
@@ -34,8 +71,8 @@ def item_score_failures(scores: pl.DataFrame, labels: list[str], expected_rows: 
 
 
 def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_items: int, k: int) -> list[str]:
-    """Return the user_candidates rules that fail: min(K, unseen) distinct unseen items per user, ranks 1..n."""
-    failures = []
+    """Return the user_candidates rules that fail: pandera row contract, min(K, unseen) unseen items per user, ranks 1..n."""
+    failures = pandera_failures(candidates, user_candidates_schema(k))
     seen = interactions.group_by("user_id").agg(pl.col("item_id").n_unique().alias("seen"))
     per_user = candidates.group_by("user_id").agg(
         pl.len().alias("n"), pl.col("item_id").n_unique().alias("distinct"),

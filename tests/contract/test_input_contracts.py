@@ -133,3 +133,16 @@ def test_candidate_contract_catches_repeats_seen_items_and_short_lists() -> None
     seen = ok.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("i0")).otherwise(pl.col("item_id")).alias("item_id"))
     assert any("already interacted" in f for f in candidate_failures(seen, interactions, 3, 2))
     assert any("lack" in f for f in candidate_failures(ok.head(3), interactions, 3, 2))
+
+
+def test_output_row_contracts_are_pandera_and_catch_bad_values() -> None:
+    from data_contracts.outputs import pandera_failures, user_candidates_schema
+
+    good = pl.DataFrame({"user_id": ["u1", "u1"], "item_id": ["a", "b"], "rank": [1, 2], "score": [0.5, 0.4]}).cast({"rank": pl.Int32})
+    assert pandera_failures(good, user_candidates_schema(2)) == []
+    bad = good.with_columns(pl.Series("rank", [1, 7], dtype=pl.Int32), pl.Series("item_id", ["a", "a"]))
+    failures = pandera_failures(bad, user_candidates_schema(2))
+    assert any("rank" in f and "in_range" in f and "7" in f for f in failures), failures
+    assert any("user_id" in f and "item_id" in f for f in failures), failures
+    duplicate_topic = scores_frame(np.eye(2, 4), [0.2, 0.3]).with_columns(pl.Series("topic", ["sports", "gardening"]))
+    assert any("topic" in f and "isin" in f for f in item_score_failures(duplicate_topic, ["sports"], 2))
