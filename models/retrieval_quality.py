@@ -123,7 +123,9 @@ def _popularity_top_k(counts: np.ndarray, seen: Interactions, k: int, chunk: int
     return rows
 
 
-def _scores(ranked: np.ndarray, relevant: pl.DataFrame, n_relevant: np.ndarray, n_items: int, k: int) -> tuple[float, float]:
+def _scores(
+    ranked: np.ndarray, relevant: pl.DataFrame, n_relevant: np.ndarray, n_items: int, k: int
+) -> tuple[float, float]:
     """Return (mean recall@k, mean NDCG@10) of ranked lists against the relevant pairs."""
     hits = hit_matrix(ranked, relevant["user_row"].to_numpy(), relevant["item_row"].to_numpy(), n_items)
     return float(recall_at_k(hits, n_relevant, k).mean()), float(ndcg_at_k(hits, n_relevant).mean())
