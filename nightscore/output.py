@@ -53,6 +53,10 @@ def _to_text(renderable: Any) -> str:
     return console.export_text().rstrip("\n")
 
 
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def summary_text(summary: dict[str, Any]) -> str:
     """Return the short summary of a finished run: rows, quarantine, tokens, padding, speed, stages."""
     stages = summary.get("stage_seconds") or {}
@@ -66,6 +70,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"  encode: {summary['rows_computed']} computed, {summary['rows_reused']} reused from published vectors;"
         f" {summary['shards']} shards ({summary['shards_reused']} from checkpoints); {summary['texts_per_s']:.1f} texts/s",
         f"  model {summary['model_version']}",
+        f"  retrieval on held-out interactions: recall@K {_num(summary.get('recall_at_k'))} (popularity"
+        f" {_num(summary.get('popularity_recall_at_k'))}), NDCG@10 {_num(summary.get('ndcg_at_10'))}"
+        f" (popularity {_num(summary.get('popularity_ndcg_at_10'))})",
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()),
     ]
     if summary.get("data_docs"):

@@ -131,6 +131,13 @@ def record_quarantine(lake: Lake, warehouse: Warehouse, run: RunContext) -> int:
     return warehouse.record_quarantine(run.run_id, quarantine.to_arrow())
 
 
+QUALITY = ("recall_at_k", "ndcg_at_10", "popularity_recall_at_k", "popularity_ndcg_at_10")
+
+
+def _finite(value: float) -> float | None:
+    return None if value != value else float(value)  # NaN (no user to evaluate) is stored as NULL
+
+
 def run_summary(run: RunContext, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Return the scoring_runs row of a finished run from its stages' small result dicts."""
     encoded = stages["encode"]
@@ -146,6 +153,7 @@ def run_summary(run: RunContext, stages: dict[str, dict[str, Any]]) -> dict[str,
         "data_docs": json.dumps({**stages["validate"]["suites"]["docs"], **stages["validate_outputs"]["suites"]["docs"]}),
         "interactions_quarantined": stages["validate"]["interactions_quarantined"],
         "users_with_candidates": stages["candidates"]["users_with_candidates"],
+        **{key: _finite(stages["candidates"][key]) for key in QUALITY},
         "real_tokens": encoded["real_tokens"], "padded_tokens": encoded["padded_tokens"],
         "padding_efficiency": encoded["padding_efficiency"], "truncated_texts": encoded["truncated"],
         "texts_per_s": encoded["texts"] / max(encoded["seconds"], 1e-9), "wall_seconds": wall,

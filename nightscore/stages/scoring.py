@@ -12,6 +12,7 @@ import torch
 from models.encoder import get_encoder
 from models.engine import encode_texts
 from models.retrieval import Interactions, top_k_items, user_vectors
+from models.retrieval_quality import evaluate_retrieval, run_weights
 from models.topics import topic_scores
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
@@ -64,8 +65,21 @@ def build_candidates(lake: Lake, run: RunContext, settings: Settings) -> dict[st
     rows, scores = top_k_items(user_vectors(item_vecs, inter), item_vecs, inter, settings.top_k, settings.user_chunk)
     frame = candidates_frame(run, users.get_column("user_id"), index.get_column("item_id"), rows, scores)
     lake.write_parquet(frame, run.path("user_candidates.parquet"))
+    quality = retrieval_quality(items, interactions, settings, run)
     return {"users_with_candidates": frame.get_column("user_id").n_unique(), "candidates": frame.height,
-            "seconds": time.perf_counter() - started}
+            **quality, "seconds": time.perf_counter() - started}
+
+
+def retrieval_quality(items: pl.DataFrame, interactions: pl.DataFrame, settings: Settings, run: RunContext) -> dict[str, float]:
+    """Return recall@K and NDCG@10 of retrieval on each user's last 2 interactions held out, vs popularity."""
+    vectors = np.array(items.get_column("embedding").to_numpy(), dtype=np.float32, copy=True)
+    weights = run_weights(run.reference_time, settings.event_weights, settings.recency_half_life_days)
+    q = evaluate_retrieval(items.get_column("item_id").to_list(), vectors, interactions, weights,
+                           k=settings.top_k, holdout=2, chunk=settings.user_chunk)
+    log.info("retrieval on held-out interactions (%d users): recall@%d %.3f vs popularity %.3f; NDCG@10 %.3f vs %.3f",
+             q.users_evaluated, q.k, q.recall_at_k, q.popularity_recall_at_k, q.ndcg_at_10, q.popularity_ndcg_at_10)
+    return {"recall_at_k": q.recall_at_k, "ndcg_at_10": q.ndcg_at_10, "popularity_recall_at_k": q.popularity_recall_at_k,
+            "popularity_ndcg_at_10": q.popularity_ndcg_at_10, "quality_users": q.users_evaluated}
 
 
 def candidates_frame(run: RunContext, user_ids: pl.Series, item_ids: pl.Series, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:

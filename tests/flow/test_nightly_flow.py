@@ -56,6 +56,8 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
     assert scalar("select count(*) from scoring_runs where status = 'published'") == 1
     assert 0 < summary["padding_efficiency"] <= 1
     assert summary["real_tokens"] > 0
+    assert 0 <= summary["recall_at_k"] <= 1 and 0 <= summary["popularity_ndcg_at_10"] <= 1
+    assert scalar("select recall_at_k from latest_run") == pytest.approx(summary["recall_at_k"])
 
     cache = cache_for(load_settings())
     run_id, blob = cache.read(interactions["user_id"][0])
