@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 from data_contracts.datasets import SuiteParams, render_failures, validate_dataset
-from nightscore.errors import ContractViolation, NightscoreError
-from nightscore.run_context import RunContext, run_folder
+from nightscore.errors import ContractViolation
+from nightscore.run_context import RunContext
 from nightscore.settings import Settings
+from nightscore.stages.runs import latest_published_folder
 from storage.lake import Lake
 from storage.warehouse import Warehouse
 
@@ -37,13 +38,8 @@ def suite_params(settings: Settings, expected_users: int | None = None) -> Suite
 
 def previous_stats(lake: Lake, warehouse: Warehouse, dataset: str) -> dict[str, float] | None:
     """Return a dataset's stats from the latest published run, or None for a first run."""
-    try:
-        latest = warehouse.query("SELECT run_id, CAST(run_date AS VARCHAR) FROM latest_run").rows
-    except NightscoreError:
-        return None
-    if not latest:
-        return None
-    return lake.read_json(f"{run_folder(lake.uri, latest[0][1], latest[0][0])}/contracts/{dataset}.stats.json")
+    latest = latest_published_folder(lake, warehouse)
+    return None if latest is None else lake.read_json(f"{latest[1]}/contracts/{dataset}.stats.json")
 
 
 def docs_dir(lake: Lake, run: RunContext, settings: Settings, dataset: str) -> str:

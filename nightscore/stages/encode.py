@@ -20,8 +20,8 @@ import polars as pl
 from models.encoder import EncoderSpec, get_encoder, load_tokenizer, spec_version
 from models.engine import encode_texts
 from models.planning import assign_shards
-from nightscore.errors import NightscoreError
-from nightscore.run_context import RunContext, run_folder
+from nightscore.run_context import RunContext
+from nightscore.stages.runs import latest_published_folder
 from nightscore.settings import Settings
 from nightscore.stop import fault_point, raise_if_stopped
 from storage.lake import Lake
@@ -42,15 +42,12 @@ def content_hash(texts: pl.Series) -> pl.Series:
 
 def previous_vectors(lake: Lake, warehouse: Warehouse) -> pl.DataFrame | None:
     """Return (model_version, content_hash, embedding) of the latest published run, or None if there is none."""
-    try:
-        latest = warehouse.query("SELECT run_id, CAST(run_date AS VARCHAR) FROM latest_run").rows
-    except NightscoreError:
+    latest = latest_published_folder(lake, warehouse)
+    if latest is None:
         return None
-    if not latest:
-        return None
-    uri = f"{run_folder(lake.uri, latest[0][1], latest[0][0])}/item_scores.parquet"
+    uri = f"{latest[1]}/item_scores.parquet"
     if not lake.exists(uri):
-        log.warning("published run %s has no item_scores in the lake (%s): nothing is reused", latest[0][0], uri)
+        log.warning("published run %s has no item_scores in the lake (%s): nothing is reused", latest[0], uri)
         return None
     return lake.read_parquet(uri, "item_scores", columns=["model_version", "content_hash", "embedding"])
 

@@ -64,6 +64,15 @@ def new_run(lake: Lake, flow_name: str, run_date: str, items_uri: str, interacti
     return run
 
 
+def latest_published_folder(lake: Lake, warehouse: Warehouse) -> tuple[str, str] | None:
+    """Return (run_id, lake folder) of the latest published run, or None before the first publication."""
+    try:
+        latest = warehouse.query("SELECT run_id, CAST(run_date AS VARCHAR) FROM latest_run").rows
+    except NightscoreError:
+        return None  # no warehouse yet
+    return (latest[0][0], run_folder(lake.uri, latest[0][1], latest[0][0])) if latest else None
+
+
 def reconcile_cache(warehouse: Warehouse, cache: CandidateCache) -> str | None:
     """Point the cache at the warehouse's latest published run when a crash left them apart; return the fix."""
     try:
