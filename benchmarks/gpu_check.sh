@@ -30,7 +30,6 @@ save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
 generate_items(2000, seed=0).select(item_text_expr()).write_parquet(".gpu/texts.parquet")
 print("prepared", sum(f.stat().st_size for f in Path(".gpu").rglob("*") if f.is_file()) // 2**20, "MiB in .gpu/")
 PY
-  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
   exit 0
 fi
 n="${2:-50000}"
