@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from models.retrieval import Interactions, top_k_items, user_vectors
+from models.retrieval import Interactions, candidates_table, interaction_weight_expr, top_k_items, user_vectors
 from nightscore.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,8 @@ def interaction_weights(
     interactions: pl.DataFrame, now: datetime, event_weights: Mapping[str, float], half_life_days: float
 ) -> np.ndarray:
     """Return stage one's weight per interaction: event weight x 0.5 ** (age_days / half_life_days)."""
-    age_days = ((pl.lit(now) - pl.col("ts")).dt.total_seconds() / _DAY_S).clip(lower_bound=0.0)
-    event = pl.col("event").replace_strict(dict(event_weights), default=0.0, return_dtype=pl.Float64)
-    weight = event * pl.lit(0.5).pow(age_days / half_life_days)
-    return interactions.select(weight.alias("w")).get_column("w").to_numpy().astype(np.float32)
+    weight = interaction_weight_expr(now, event_weights, half_life_days)
+    return interactions.select(weight).get_column("weight").to_numpy().astype(np.float32)
 
 
 def _history_rows(
@@ -240,13 +238,8 @@ def retrieval_candidates(
     rows, cols, _ = _history_rows(history, users, index)
     seen = Interactions(rows, cols, np.ones(len(rows), dtype=np.float32), len(users))
     rows, scores = top_k_items(uvecs, vectors, seen, k, chunk=1024)
-    item_ids, keep = np.array(list(index)), rows.reshape(-1) >= 0
-    return pl.DataFrame({
-        "user_id": np.repeat(np.array(users), rows.shape[1])[keep],
-        "rank": np.tile(np.arange(1, rows.shape[1] + 1, dtype=np.int32), len(users))[keep],
-        "item_id": item_ids[rows.reshape(-1)[keep]],
-        "score": scores.reshape(-1)[keep].astype(np.float32),
-    })
+    table = candidates_table(np.array(users), np.array(list(index)), rows, scores)
+    return table.with_columns(pl.col("score").cast(pl.Float32))
 
 
 def hashed_text_vectors(items: pl.DataFrame, dim: int = 256) -> pl.DataFrame:

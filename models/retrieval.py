@@ -9,8 +9,11 @@ excluded from that user's candidates. Ties in score are broken by the lower item
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Mapping
 
 import numpy as np
+import polars as pl
 import torch
 
 
@@ -22,6 +25,16 @@ class Interactions:
     item_rows: np.ndarray
     weights: np.ndarray
     n_users: int
+
+
+def interaction_weight_expr(now: datetime, event_weights: Mapping[str, float], half_life_days: float) -> pl.Expr:
+    """Return the weight of each interaction (columns event, ts): w_event x 0.5 ** (age_days / half_life_days).
+
+    Ages are measured from ``now`` and clipped at 0; unknown events weigh 0.
+    """
+    age_days = ((pl.lit(now) - pl.col("ts")).dt.total_seconds() / 86_400.0).clip(lower_bound=0.0)
+    event = pl.col("event").replace_strict(dict(event_weights), default=0.0, return_dtype=pl.Float64)
+    return (event * pl.lit(0.5).pow(age_days / half_life_days)).alias("weight")
 
 
 def user_vectors(item_vectors: torch.Tensor, inter: Interactions) -> torch.Tensor:
@@ -79,3 +92,16 @@ def _top_k_past_ties(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarr
         if width == n_items or not (values[:, k - 1] == values[:, width - 1]).any():
             return values, index
         width = min(width * 2, n_items)
+
+
+def candidates_table(user_ids: np.ndarray, item_ids: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:
+    """Return top_k_items' output as a long table (user_id, rank from 1, item_id, score), unfilled slots dropped."""
+    n_users, k = rows.shape
+    flat_rows = rows.reshape(-1)
+    keep = flat_rows >= 0
+    return pl.DataFrame({
+        "user_id": np.repeat(np.asarray(user_ids), k)[keep],
+        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
+        "item_id": np.asarray(item_ids)[flat_rows[keep]],
+        "score": scores.reshape(-1)[keep].astype(np.float64),
+    })

@@ -11,7 +11,7 @@ import torch
 
 from models.encoder import get_encoder
 from models.engine import encode_texts
-from models.retrieval import Interactions, top_k_items, user_vectors
+from models.retrieval import Interactions, candidates_table, interaction_weight_expr, top_k_items, user_vectors
 from models.retrieval_quality import evaluate_retrieval, run_weights
 from models.topics import topic_scores
 from nightscore.run_context import RunContext
@@ -43,13 +43,6 @@ def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: lis
     return {"rows_scored": frame.height, "missing": plan.height - frame.height, "seconds": time.perf_counter() - started}
 
 
-def interaction_weights(interactions: pl.DataFrame, settings: Settings, run: RunContext) -> pl.Expr:
-    """Return the expression of each interaction's weight: event weight x 0.5 ** (age_days / half-life)."""
-    age_days = (pl.lit(run.reference_time) - pl.col("ts")).dt.total_seconds() / 86_400.0
-    event_weight = pl.col("event").replace_strict(settings.event_weights, default=0.0, return_dtype=pl.Float64)
-    return (event_weight * pl.lit(0.5).pow(age_days.clip(lower_bound=0) / settings.recency_half_life_days)).alias("weight")
-
-
 def build_candidates(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
     """Compute user vectors and exact top-K unseen items per user; produces ``user_candidates.parquet``."""
     started = time.perf_counter()
@@ -58,7 +51,7 @@ def build_candidates(lake: Lake, run: RunContext, settings: Settings) -> dict[st
     index = items.select("item_id").with_row_index("item_row")
     users = interactions.select("user_id").unique().sort("user_id").with_row_index("user_row")
     joined = (interactions.join(index, on="item_id").join(users, on="user_id")
-              .with_columns(interaction_weights(interactions, settings, run)))
+              .with_columns(interaction_weight_expr(run.reference_time, settings.event_weights, settings.recency_half_life_days)))
     inter = Interactions(joined["user_row"].to_numpy(), joined["item_row"].to_numpy(), joined["weight"].to_numpy(), users.height)
     device = torch.device("cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
     item_vecs = torch.from_numpy(np.array(items.get_column("embedding").to_numpy(), dtype=np.float32, copy=True)).to(device)
@@ -84,12 +77,5 @@ def retrieval_quality(items: pl.DataFrame, interactions: pl.DataFrame, settings:
 
 def candidates_frame(run: RunContext, user_ids: pl.Series, item_ids: pl.Series, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:
     """Return the long candidates table (run_id, run_date, user_id, rank, item_id, score), rank from 1."""
-    n_users, k = rows.shape
-    flat_rows, flat_scores = rows.reshape(-1), scores.reshape(-1)
-    keep = flat_rows >= 0
-    return pl.DataFrame({
-        "user_id": np.repeat(user_ids.to_numpy(), k)[keep],
-        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
-        "item_id": item_ids.to_numpy()[flat_rows[keep]],
-        "score": flat_scores[keep].astype(np.float64),
-    }).select(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), pl.all())
+    table = candidates_table(user_ids.to_numpy(), item_ids.to_numpy(), rows, scores)
+    return table.select(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), pl.all())
