@@ -23,7 +23,7 @@ class Lake:
     def __init__(self, root: str, storage_options: dict | None = None) -> None:
         self.root = root.rstrip("/")
         self.fs, self._root_path = url_to_fs(self.root, **(storage_options or {}))
-        self.is_local = self.fs.protocol in ("file", "local") or "file" in self.fs.protocol
+        self.is_local = "file" in self.fs.protocol
 
     def uri(self, *parts: str) -> str:
         """Return the URI of a path under the lake root."""
@@ -31,13 +31,15 @@ class Lake:
 
     def exists(self, uri: str) -> bool:
         """Return whether a file exists at uri."""
-        fs, path = url_to_fs(uri) if "://" in uri else (self.fs, uri)
+        fs, path = self._fs_path(uri)
         return fs.exists(path)
 
-    def read_parquet(self, uri: str, dataset: str = "file", columns: list[str] | None = None) -> pl.DataFrame:
-        """Return the Parquet file at uri (only ``columns`` that exist, when given); unreadable -> InputUnreadable.
+    def read_parquet(
+        self, uri: str, dataset: str = "file", columns: list[str] | None = None, where: pl.Expr | None = None
+    ) -> pl.DataFrame:
+        """Return the Parquet file at uri (only ``columns`` that exist, rows matching ``where``); unreadable -> InputUnreadable.
 
-        Local files are scanned lazily so only the wanted columns are read; remote ones through s3fs.
+        Local files are scanned lazily so only the wanted columns and row groups are read; remote ones through s3fs.
         """
         fs, path = self._fs_path(uri)
         if not fs.exists(path):
@@ -45,11 +47,13 @@ class Lake:
         try:
             if self.is_local and fs is self.fs:
                 frame = pl.scan_parquet(path)
-                names = frame.collect_schema().names()
-                return frame.select([c for c in names if columns is None or c in columns]).collect()
-            with fs.open(path, "rb") as handle:
-                frame = pl.read_parquet(handle)
-            return frame.select([c for c in frame.columns if columns is None or c in columns])
+            else:
+                with fs.open(path, "rb") as handle:
+                    frame = pl.read_parquet(handle).lazy()
+            names = frame.collect_schema().names()
+            if where is not None:
+                frame = frame.filter(where)
+            return frame.select([c for c in names if columns is None or c in columns]).collect()
         except (pl.exceptions.PolarsError, pyarrow.lib.ArrowException, OSError, ValueError) as exc:
             raise InputUnreadable(f"{dataset} file {uri}: not a readable Parquet file ({_first_line(exc)})") from exc
 

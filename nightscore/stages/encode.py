@@ -109,8 +109,8 @@ def shard_key(rows: pl.DataFrame, version: str, settings: Settings) -> str:
 
 def encode_shard(lake: Lake, run: RunContext, settings: Settings, shard: int) -> dict[str, object]:
     """Encode one shard unless its checkpoint is done; produces ``shards/shard-NNNNN-<key>.parquet``."""
-    plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "text", "content_hash", "shard"])
-    rows = plan.filter(pl.col("shard") == shard)
+    rows = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "text", "content_hash", "shard"],
+                             where=pl.col("shard") == shard)  # only this shard's rows: the plan holds the whole run
     spec = encoder_spec(settings)
     base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, spec_version(spec), settings)}")
     done = lake.read_json(f"{base}.done")
