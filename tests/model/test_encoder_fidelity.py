@@ -7,6 +7,7 @@ import pytest
 
 from models.encoder import MODEL_NAME, EncoderSpec, TextEncoder, get_encoder, model_dir
 from models.engine import encode_texts
+from tests.helpers import cos_rows
 
 _LONG_A = " ".join(
     "The committee reviewed the quarterly budget, discussed staffing, and postponed the vote on the new "
@@ -62,12 +63,6 @@ TEXTS = [
 ]
 
 
-def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 @pytest.fixture(scope="module")
 def minilm() -> TextEncoder:
     return get_encoder(EncoderSpec(kind="minilm", device="cpu"))
@@ -91,7 +86,7 @@ def test_corpus_covers_truncation(minilm: TextEncoder) -> None:
 def test_matches_sentence_transformers(minilm: TextEncoder, reference: np.ndarray) -> None:
     out, stats = encode_texts(minilm, TEXTS)
     assert out.shape == reference.shape == (len(TEXTS), 384)
-    cos = _cos_rows(out, reference)
+    cos = cos_rows(out, reference)
     worst = int(np.argmin(cos))
     assert cos.min() >= 0.9999, (worst, TEXTS[worst][:60], float(cos[worst]))
     assert stats.truncated >= 4
@@ -100,7 +95,7 @@ def test_matches_sentence_transformers(minilm: TextEncoder, reference: np.ndarra
 @pytest.mark.parametrize("budget", [256, 100_000])
 def test_matches_sentence_transformers_any_budget(minilm: TextEncoder, reference: np.ndarray, budget: int) -> None:
     out, _ = encode_texts(minilm, TEXTS, token_budget=budget)
-    assert np.all(_cos_rows(out, reference) >= 0.9999)
+    assert np.all(cos_rows(out, reference) >= 0.9999)
 
 
 def test_deterministic(minilm: TextEncoder) -> None:

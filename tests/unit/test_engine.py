@@ -8,6 +8,7 @@ import torch
 
 from models.encoder import EncoderSpec, TextEncoder, get_encoder
 from models.engine import EncodeStats, encode_texts
+from tests.helpers import cos_rows
 
 TEXTS = [
     "a",
@@ -23,12 +24,6 @@ TEXTS = [
     "the match ended in a draw after extra time and penalties were not needed",
     "Quantum error correction protects logical qubits from noise in physical qubits.",
 ]
-
-
-def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +56,10 @@ def test_encode_texts_shape_dtype_unit_norm(tiny: TextEncoder) -> None:
 def test_encode_texts_keeps_input_order(tiny: TextEncoder, budget: int | None) -> None:
     out, _ = encode_texts(tiny, TEXTS, token_budget=budget)
     alone = np.vstack([encode_texts(tiny, [t])[0] for t in TEXTS])
-    cos = _cos_rows(out, alone)
+    cos = cos_rows(out, alone)
     assert np.all(cos >= 0.9999), cos
     # The rows are not all the same vector, so a permutation would have been caught above.
-    off_diag = _cos_rows(out, np.roll(alone, 1, axis=0))
+    off_diag = cos_rows(out, np.roll(alone, 1, axis=0))
     assert np.all(off_diag < 0.9999)
 
 
@@ -148,7 +143,7 @@ def test_oom_back_off_splits_and_loses_nothing(tiny: TextEncoder, monkeypatch: p
     assert sum(seen_rows) == len(texts)  # every row encoded exactly once after the splits
     assert max(seen_rows) <= 4
     assert stats.batches == len(seen_rows)
-    assert np.all(_cos_rows(out, expected) >= 0.9999)
+    assert np.all(cos_rows(out, expected) >= 0.9999)
     assert stats.padded_tokens >= stats.real_tokens == clean.real_tokens
 
 
