@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,54 +23,17 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_candidates
+from tests.servers import prefect_server, wait_for
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 RUN_DATE = "2026-11-30"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect")), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
-    try:
-        wait_for(lambda: _healthy(url), 120, server, "Prefect server")
+    with prefect_server(tmp_path_factory.mktemp("prefect")) as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-
-
-def _healthy(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def wait_for(check, timeout: float, proc: subprocess.Popen | None, what: str) -> None:
-    """Wait until check() is true; fail if proc exits first or the timeout passes."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what} exited with {proc.returncode} before it was ready")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not ready after {timeout}s")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
