@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     )
     cache_prefix: str = Field("nightscore", description="Key prefix of every cache entry.")
 
+    # --- cache versions ------------------------------------------------------------------------
+    cache_version_grace_s: float = Field(
+        86_400, ge=0, description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
+    )
+
     # --- encoder ---------------------------------------------------------------------------
     encoder: Literal["minilm", "tiny"] = Field(
         "minilm", description="minilm: the real all-MiniLM-L6-v2; tiny: a random 1-layer model of the same shape (tests)."

@@ -2,7 +2,13 @@
 
 Keys: ``<prefix>:cand:<run_id>:<user_id>`` hold one user's payload of one run; ``<prefix>:cand:current`` and
 ``<prefix>:cand:previous`` hold run ids. A version is written completely before the pointer switches to it,
-and old versions stay until dropped, so a reader (pointer, then entry) always gets one run's payload whole.
+and old versions stay until they expire or are dropped, so a reader (pointer, then entry) always gets one
+run's payload whole.
+
+Versions: the current and the previous one (what rollback returns to) never expire. At each publication
+`retire_old_versions` gives every older version a time to live of ``version_grace_s`` (Redis: PEXPIRE on its
+keys; SQLite: an ``expires_at`` honoured by every read and purged at the next publication or open), set once,
+so later publications do not extend it. Switching to a version (a rollback) clears its expiry.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 import re
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -29,6 +36,7 @@ REDIS_SCHEMES = ("redis://", "rediss://")
 REDIS_SOCKET_TIMEOUT_S = 2.0
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SCAN_COUNT = 1000
+DEFAULT_VERSION_GRACE_S = 86_400.0
 
 Entry = tuple[str, bytes]
 
@@ -63,6 +71,7 @@ class CandidateCache(ABC):
     """Versioned candidate payloads of every user, read through the current pointer."""
 
     prefix: str
+    version_grace_s: float
 
     # --- keys ----------------------------------------------------------------------------
     @property
@@ -133,6 +142,19 @@ class CandidateCache(ABC):
         logger.info("cache: dropped %d entries of run %s", dropped, run_id)
         return dropped
 
+    def retire_old_versions(self) -> list[str]:
+        """Give versions older than previous the grace TTL (drop them when the grace is 0); return their run ids."""
+        keep = {self.current(), self.previous()}
+        old = [run_id for run_id in self.versions() if run_id not in keep]
+        for run_id in old:
+            if self.version_grace_s > 0:
+                self._expire_version(run_id, self.version_grace_s)
+            else:
+                self.drop_version(run_id)
+        self._purge_expired()
+        logger.info("cache: versions %s expire within %.0fs", ", ".join(old) or "none", self.version_grace_s)
+        return old
+
     def __enter__(self) -> CandidateCache:
         return self
 
@@ -173,16 +195,28 @@ class CandidateCache(ABC):
     def _delete_prefix(self, key_prefix: str) -> int:
         """Delete every key starting with key_prefix; return how many were deleted."""
 
+    @abstractmethod
+    def _expire_version(self, run_id: str, ttl_s: float) -> None:
+        """Let every entry of a run expire ttl_s from now, unless it already has an expiry."""
+
+    @abstractmethod
+    def _purge_expired(self) -> None:
+        """Remove what expired entries leave behind (rows in SQLite, bookkeeping in Redis)."""
+
 
 # --------------------------------------------------------------------------------------------
 # SQLite (embedded default)
 # --------------------------------------------------------------------------------------------
 
-_UPSERT = "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)"
+_UPSERT = "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)"  # a rewritten key loses its expiry
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
 _RUN_IDS = (
     "SELECT DISTINCT substr(rest, 1, instr(rest, ':') - 1) FROM "
-    "(SELECT substr(key, ?) AS rest FROM kv WHERE key >= ? AND key < ?) WHERE instr(rest, ':') > 1"
+    f"(SELECT substr(key, ?) AS rest FROM kv WHERE key >= ? AND key < ? AND {_LIVE}) WHERE instr(rest, ':') > 1"
 )
+_EXPIRE = "UPDATE kv SET expires_at = ? WHERE key >= ? AND key < ? AND expires_at IS NULL"
+_PERSIST = "UPDATE kv SET expires_at = NULL WHERE key >= ? AND key < ? AND expires_at IS NOT NULL"
+_EXPIRED = "expires_at IS NOT NULL AND expires_at <= ?"
 
 
 def _prefix_range(key_prefix: str) -> tuple[str, str]:
@@ -193,12 +227,14 @@ def _prefix_range(key_prefix: str) -> tuple[str, str]:
 class SqliteCache(CandidateCache):
     """Candidate cache in one SQLite file in WAL mode: one writer, any number of reading processes."""
 
-    def __init__(self, path: str | Path, prefix: str) -> None:
+    def __init__(self, path: str | Path, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> None:
         self.path = Path(path)
         self.prefix = prefix
+        self.version_grace_s = version_grace_s
         self._lock = threading.RLock()  # one connection shared by threads (e.g. a server's pool)
         with self._guard():
             self._conn = self._connect()
+        self._purge_expired()
 
     def _connect(self) -> sqlite3.Connection:
         """Open the file (creating its folder and table) in WAL mode with a busy timeout."""
@@ -209,7 +245,10 @@ class SqliteCache(CandidateCache):
         conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # a cache can lose its last commit on power loss
-        conn.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_at REAL)")
+        if "expires_at" not in {row[1] for row in conn.execute("PRAGMA table_info(kv)")}:
+            conn.execute("ALTER TABLE kv ADD COLUMN expires_at REAL")  # a file from before version expiry
+        conn.execute("CREATE INDEX IF NOT EXISTS kv_expires ON kv (expires_at) WHERE expires_at IS NOT NULL")
         return conn
 
     def _guard(self) -> AbstractContextManager[None]:
@@ -230,7 +269,7 @@ class SqliteCache(CandidateCache):
 
     def _get(self, key: str) -> bytes | None:
         with self._lock, self._guard():
-            row = self._conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            row = self._conn.execute(f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, time.time())).fetchone()
         return None if row is None else bytes(row[0])
 
     def _write_batch(self, items: list[Entry]) -> None:
@@ -240,6 +279,20 @@ class SqliteCache(CandidateCache):
     def _delete_prefix(self, key_prefix: str) -> int:
         with self._transaction("IMMEDIATE") as conn:
             return conn.execute("DELETE FROM kv WHERE key >= ? AND key < ?", _prefix_range(key_prefix)).rowcount
+
+    def _expire_version(self, run_id: str, ttl_s: float) -> None:
+        with self._transaction("IMMEDIATE") as conn:
+            conn.execute(_EXPIRE, (time.time() + ttl_s, *_prefix_range(self.version_prefix(run_id))))
+
+    def _purge_expired(self) -> None:
+        """Delete expired rows; only takes the write lock when there are some (opening must not wait on a writer)."""
+        now = time.time()
+        with self._lock, self._guard():
+            if self._conn.execute(f"SELECT 1 FROM kv WHERE {_EXPIRED} LIMIT 1", (now,)).fetchone() is None:
+                return
+        with self._transaction("IMMEDIATE") as conn:
+            purged = conn.execute(f"DELETE FROM kv WHERE {_EXPIRED}", (now,)).rowcount
+        logger.info("cache: purged %d expired entries from %s", purged, self.path)
 
     def read(self, user_id: str) -> tuple[str, bytes] | None:
         """Return (current run id, payload) of a user, pointer and entry read from one snapshot."""
@@ -251,6 +304,7 @@ class SqliteCache(CandidateCache):
         _check_run_id(run_id)
         with self._transaction("IMMEDIATE") as conn:
             old = self.current()
+            conn.execute(_PERSIST, _prefix_range(self.version_prefix(run_id)))  # a rolled-back-to version stays
             if old != run_id:
                 conn.execute(_UPSERT, (self.current_key, run_id.encode()))
                 if old is None:
@@ -263,7 +317,7 @@ class SqliteCache(CandidateCache):
     def versions(self) -> list[str]:
         base = f"{self.prefix}:cand:"
         with self._lock, self._guard():
-            rows = self._conn.execute(_RUN_IDS, (len(base) + 1, *_prefix_range(base))).fetchall()
+            rows = self._conn.execute(_RUN_IDS, (len(base) + 1, *_prefix_range(base), time.time())).fetchall()
         return sorted(row[0] for row in rows)
 
     def ping(self) -> bool:
@@ -312,9 +366,10 @@ def redact_url(url: str) -> str:
 class RedisCache(CandidateCache):
     """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False)."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> None:
         self.url = url
         self.prefix = prefix
+        self.version_grace_s = version_grace_s
         self._where = redact_url(url)
         self._client = redis.Redis.from_url(
             url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S
@@ -349,9 +404,48 @@ class RedisCache(CandidateCache):
                 deleted += self._client.unlink(*batch)
         return deleted
 
+    @property
+    def expiring_key(self) -> str:
+        """Return the key of the set of run ids whose entries may carry a TTL (outside the cand: namespace)."""
+        return f"{self.prefix}:expiring"
+
+    def _each_batch(self, run_id: str, command: str, *args: object) -> None:
+        """Apply a per-key command (pexpire, persist) to every entry of a run, one pipeline per SCAN batch."""
+        keys = self._scan(_glob_escape(self.version_prefix(run_id)) + "*")
+        while batch := list(islice(keys, SCAN_COUNT)):
+            with self._guard():
+                pipe = self._client.pipeline(transaction=False)
+                for key in batch:
+                    getattr(pipe, command)(key, *args)
+                pipe.execute()
+
+    def _expire_version(self, run_id: str, ttl_s: float) -> None:
+        with self._guard():  # recorded first: the set may name a run without TTLs, never the reverse
+            self._client.sadd(self.expiring_key, run_id)
+        self._each_batch(run_id, "pexpire", max(1, round(ttl_s * 1000)), True)  # NX: the first expiry stays
+
+    def _persist_version(self, run_id: str) -> None:
+        """Clear the TTLs of a run's entries if it was ever given some."""
+        with self._guard():
+            if not self._client.sismember(self.expiring_key, run_id):
+                return
+        self._each_batch(run_id, "persist")
+        with self._guard():
+            self._client.srem(self.expiring_key, run_id)
+
+    def _purge_expired(self) -> None:
+        """Forget expiring run ids whose entries Redis has already removed."""
+        with self._guard():
+            members = {bytes(m).decode() for m in self._client.smembers(self.expiring_key)}
+        gone = members - set(self.versions())
+        if gone:
+            with self._guard():
+                self._client.srem(self.expiring_key, *gone)
+
     def switch_current(self, run_id: str) -> str | None:
-        """Set current and previous in one server-side script; return the old current."""
+        """Set current and previous in one server-side script (the new current's TTLs cleared first); return the old current."""
         _check_run_id(run_id)
+        self._persist_version(run_id)
         with self._guard():
             old = self._switch(keys=[self.current_key, self.previous_key], args=[run_id])
         old_id = None if old is None else bytes(old).decode()
@@ -373,8 +467,8 @@ class RedisCache(CandidateCache):
         self._client.close()
 
 
-def open_cache(location: str, prefix: str) -> CandidateCache:
+def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> CandidateCache:
     """Open the cache at a redis:// or rediss:// URL, or else the SQLite file at that path."""
     if location.startswith(REDIS_SCHEMES):
-        return RedisCache(location, prefix)
-    return SqliteCache(location, prefix)
+        return RedisCache(location, prefix, version_grace_s)
+    return SqliteCache(location, prefix, version_grace_s)

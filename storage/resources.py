@@ -22,4 +22,4 @@ def warehouse_for(settings: Settings) -> Warehouse:
 
 def cache_for(settings: Settings) -> CandidateCache:
     """Return the candidate cache adapter for settings.cache_location."""
-    return open_cache(settings.cache_location, settings.cache_prefix)
+    return open_cache(settings.cache_location, settings.cache_prefix, settings.cache_version_grace_s)

@@ -96,12 +96,8 @@ def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame
 
 
 def drop_old_versions(cache: CandidateCache) -> list[str]:
-    """Drop cache versions older than the previous one (kept for rollback); return the dropped run ids."""
-    keep = {cache.current(), cache.previous()}
-    dropped = [run_id for run_id in cache.versions() if run_id not in keep]
-    for run_id in dropped:
-        cache.drop_version(run_id)
-    return dropped
+    """Let cache versions older than the previous one (kept for rollback) expire after the grace; return their run ids."""
+    return cache.retire_old_versions()
 
 
 def rollback(warehouse: Warehouse, cache: CandidateCache) -> tuple[str, str | None]:

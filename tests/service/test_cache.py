@@ -286,3 +286,98 @@ def test_unreachable_redis() -> None:
 def test_redact_url_hides_password() -> None:
     assert redact_url("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
     assert redact_url(REDIS_URL) == REDIS_URL
+
+
+# --- version expiry (grace) -----------------------------------------------------------------
+
+
+def _publish(cache: CandidateCache, run_id: str) -> list[str]:
+    """Publish a run as the nightly publish does: write, switch, retire old versions; return the retired."""
+    cache.write_version(run_id, _entries(run_id))
+    cache.switch_current(run_id)
+    return cache.retire_old_versions()
+
+
+def _ttls(location: tuple[str, str], run_id: str) -> list[float | None]:
+    """Return the seconds left of each entry of a run, read straight from the backend (None: no expiry)."""
+    where, prefix = location
+    if where.startswith("redis"):
+        client = redis.Redis.from_url(where)
+        try:
+            ttls = [client.pttl(key) for key in client.scan_iter(match=f"{prefix}:cand:{run_id}:*", count=1000)]
+        finally:
+            client.close()
+        return [None if ttl == -1 else ttl / 1000 for ttl in ttls]
+    conn = sqlite3.connect(where)
+    try:
+        rows = conn.execute("SELECT expires_at FROM kv WHERE key LIKE ?", (f"{prefix}:cand:{run_id}:%",)).fetchall()
+    finally:
+        conn.close()
+    return [None if expires is None else expires - time.time() for (expires,) in rows]
+
+
+def test_three_publishes_expire_only_the_oldest_and_never_extend_it(location: tuple[str, str]) -> None:
+    grace = 3600.0
+    with open_cache(*location, version_grace_s=grace) as cache:
+        assert _publish(cache, "r1") == [] and _publish(cache, "r2") == []
+        assert _publish(cache, "r3") == ["r1"]
+        oldest = _ttls(location, "r1")
+        assert len(oldest) == 20 and all(ttl is not None and 0 < ttl <= grace for ttl in oldest)
+        assert _ttls(location, "r2") == [None] * 20 and _ttls(location, "r3") == [None] * 20
+        assert cache.read_version("r2", "u0") == _payload("r2")  # previous: readable, no TTL
+        assert cache.read_version("r1", "u0") == _payload("r1")  # in its grace: still readable
+        assert _publish(cache, "r4") == ["r1", "r2"]
+        assert max(_ttls(location, "r1")) <= min(oldest)  # the first expiry stays
+        assert all(ttl is not None and 0 < ttl <= grace for ttl in _ttls(location, "r2"))
+
+
+def test_expired_versions_are_gone_after_the_grace(location: tuple[str, str]) -> None:
+    with open_cache(*location, version_grace_s=1.0) as cache:
+        for run_id in ("r1", "r2", "r3"):
+            _publish(cache, run_id)
+        time.sleep(1.3)
+        assert cache.read_version("r1", "u0") is None
+        assert cache.versions() == ["r2", "r3"]
+        assert cache.read("u0") == ("r3", _payload("r3")) and cache.read_version("r2", "u0") == _payload("r2")
+    with open_cache(*location, version_grace_s=1.0):  # opening purges what expired
+        assert _ttls(location, "r1") == []
+
+
+def test_sqlite_purges_expired_rows_at_the_next_publish(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    with SqliteCache(path, "ns", version_grace_s=1.0) as cache:
+        for run_id in ("r1", "r2", "r3"):
+            _publish(cache, run_id)
+        time.sleep(1.3)
+        assert _ttls((str(path), "ns"), "r1") != []  # expired but not yet purged: hidden from reads only
+        _publish(cache, "r4")
+        assert _ttls((str(path), "ns"), "r1") == []
+
+
+def test_switching_back_to_an_expiring_version_clears_its_ttl(location: tuple[str, str]) -> None:
+    with open_cache(*location, version_grace_s=3600.0) as cache:
+        for run_id in ("r1", "r2", "r3"):
+            _publish(cache, run_id)
+        assert None not in _ttls(location, "r1")
+        assert cache.switch_current("r1") == "r3"  # e.g. a second rollback reaches r1
+        assert _ttls(location, "r1") == [None] * 20
+        assert cache.read("u0") == ("r1", _payload("r1"))
+
+
+def test_zero_grace_drops_old_versions_at_once(location: tuple[str, str]) -> None:
+    with open_cache(*location, version_grace_s=0) as cache:
+        for run_id in ("r1", "r2", "r3"):
+            _publish(cache, run_id)
+        assert cache.versions() == ["r2", "r3"] and _ttls(location, "r1") == []
+
+
+def test_sqlite_file_from_before_expiry_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+    conn.execute("INSERT INTO kv VALUES ('ns:cand:current', ?), ('ns:cand:r1:u0', ?)", (b"r1", _payload("r1")))
+    conn.commit()
+    conn.close()
+    with SqliteCache(path, "ns", version_grace_s=60.0) as cache:
+        assert cache.read("u0") == ("r1", _payload("r1"))
+        assert _publish(cache, "r2") == [] and _publish(cache, "r3") == ["r1"]
