@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.params import TrainRankerParams
 from tasks.ranking import published_run, train
 
 
 @flow(name="train-ranker")
-def train_ranker(run_id: str | None = None) -> dict[str, object]:
+def train_ranker(params: TrainRankerParams = TrainRankerParams()) -> dict[str, object]:
     """Train, version and save the ranker on a published run (the latest by default); return its metrics."""
-    run = published_run(run_id)
+    run = published_run(params.run_id)
     return train(run)

@@ -40,10 +40,12 @@ class RunContext:
         return asdict(self)
 
 
-def parse_run_date(value: str | None, today: date) -> str:
+def parse_run_date(value: str | date | None, today: date) -> str:
     """Return a valid YYYY-MM-DD run date (today when value is None); bad input raises UsageError."""
     if value is None:
         return today.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
     try:
         return date.fromisoformat(value).isoformat()
     except ValueError as exc:

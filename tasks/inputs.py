@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 
 import uuid
 from dataclasses import replace
@@ -14,7 +14,7 @@ from prefect.runtime import flow_run
 from nightscore.errors import ContractViolation, UsageError
 from nightscore.run_context import RunContext, parse_run_date
 from nightscore.stages import inputs as stage
-from nightscore.stages import contracts, runs
+from nightscore.stages import contracts, on_demand, runs
 from nightscore.stop import chain_stop_handler
 from storage.lake import Lake
 from nightscore.stages.publish import record_quarantine
@@ -24,7 +24,7 @@ from tasks.common import IO_RETRIES, IO_RETRY_DELAYS, context, is_transient, set
 
 @task(name="start-run", cache_policy=NO_CACHE)
 def start_run(
-    flow_name: str, run_date: str | None, items_uri: str | None, interactions_uri: str | None, resume: str | None = None
+    flow_name: str, run_date: str | date | None, items_uri: str | None, interactions_uri: str | None, resume: str | None = None
 ) -> dict[str, str]:
     """Return the run's context (a resumed unfinished run, or a new one) and record it as running."""
     chain_stop_handler()  # runs in the flow's main thread: SIGTERM now also stops worker threads gracefully
@@ -74,3 +74,16 @@ def validate_inputs(run: dict[str, str], ingested: dict[str, object]) -> dict[st
         record_quarantine(lake, warehouse, ctx)
         raise
     return {**counts, "suites": contracts.gate(lake, warehouse, ctx, cfg, ["items", "interactions"])}
+
+
+@task(name="resolve-inputs", cache_policy=NO_CACHE)
+def resolve_on_demand_inputs(items_uri: str | None, interactions_uri: str | None, item_ids: list[str] | None) -> dict[str, object]:
+    """Return an on-demand run's input URIs (the latest published run's by default), narrowed to item_ids if given."""
+    cfg = settings()
+    return on_demand.resolve_inputs(lake_for(cfg), warehouse_for(cfg), items_uri, interactions_uri, item_ids)
+
+
+@task(name="plan-backfill", cache_policy=NO_CACHE)
+def backfill_dates(start: date, end: date) -> list[str]:
+    """Return the run dates of a backfill, oldest first."""
+    return on_demand.dates_between(start, end)
