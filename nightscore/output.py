@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -78,3 +79,29 @@ def summary_text(summary: dict[str, Any]) -> str:
     if summary.get("data_docs"):
         lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in summary["data_docs"].items()))
     return "\n".join(lines)
+
+
+@contextmanager
+def progress_bar(enabled: bool | None = None) -> Iterator[None]:
+    """Show a rich progress bar on stderr for a local run's stages (only on a terminal unless enabled is given)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nightscore import progress
+
+    console = Console(stderr=True)
+    if not (console.is_terminal if enabled is None else enabled):
+        yield
+        return
+    bars: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as shown:
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in bars:
+                bars[stage] = shown.add_task(f"{stage} shards", total=total)
+            shown.update(bars[stage], completed=done, total=total)
+
+        stop = progress.listen(update)
+        try:
+            yield
+        finally:
+            stop()

@@ -1,28 +1,51 @@
-"""Tasks around the model: plan the shards, encode one shard."""
+"""Tasks around the model: plan the shards, encode one shard (holding a slot of the gpu concurrency limit)."""
 
 from __future__ import annotations
 
-from prefect import task
+from contextlib import nullcontext
+from typing import ContextManager
+
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 
 from nightscore.stages import encode as stage
 from storage.resources import lake_for, warehouse_for
 from tasks.common import context, settings
+from tasks.report import report_progress, start_progress
 
 
 @task(name="plan-shards", cache_policy=NO_CACHE)
 def plan_shards(run: dict[str, str], validated: dict[str, object]) -> dict[str, object]:
-    """Produce plan.parquet and reused.parquet (vectors of unchanged items); return the shard numbers."""
+    """Produce plan.parquet and reused.parquet (vectors of unchanged items); return the shard numbers and the progress artifact."""
     cfg = settings()
     lake = lake_for(cfg)
-    return stage.plan_shards(lake, context(run), cfg, stage.previous_vectors(lake, warehouse_for(cfg)))
+    planned = stage.plan_shards(lake, context(run), cfg, stage.previous_vectors(lake, warehouse_for(cfg)))
+    progress = {"artifact_id": start_progress(len(planned["shards"])), "shards": planned["shards"]}
+    return {**planned, "progress": progress}
+
+
+def gpu_slot(limit: str | None) -> ContextManager[object]:
+    """Return a context holding one slot of the global concurrency limit (nothing when limit is empty).
+
+    A limit that does not exist on the server does not block (strict=False): `nightscore up` creates it.
+    """
+    if not limit:
+        return nullcontext()
+    get_run_logger().info("waiting for a slot of global concurrency limit %r (another run may hold it)", limit)
+    return concurrency(limit, occupy=1, strict=False)
 
 
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
-def encode_shard(run: dict[str, str], shard: int) -> dict[str, object]:
+def encode_shard(run: dict[str, str], shard: int, progress: dict[str, object] | None = None) -> dict[str, object]:
     """Produce shards/shard-NNNNN.parquet with the shard's embeddings; return its encode stats."""
     cfg = settings()
-    return stage.encode_shard(lake_for(cfg), context(run), cfg, shard)
+    with gpu_slot(cfg.gpu_limit):
+        result = stage.encode_shard(lake_for(cfg), context(run), cfg, shard)
+    if progress:
+        order: list[int] = list(progress["shards"])  # type: ignore[arg-type]
+        report_progress(progress.get("artifact_id"), order.index(shard) + 1, len(order))  # type: ignore[arg-type]
+    return result
 
 
 @task(name="merge-encode-stats", cache_policy=NO_CACHE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from nightscore.callback import completion_payload, post_json
 from nightscore.errors import RunInterrupted
 from storage.resources import warehouse_for
 from tasks.common import settings
@@ -34,3 +35,34 @@ def mark_failed(flow: Any, flow_run: Any, state: Any) -> None:
 def mark_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     """Record the run as interrupted (cancelled or crashed)."""
     _mark(flow_run, state, "interrupted")
+
+
+def _callback_url(flow_run: Any) -> str | None:
+    params = (flow_run.parameters or {}).get("params") or {}
+    url = params.get("callback_url") if isinstance(params, dict) else getattr(params, "callback_url", None)
+    return str(url) if url else None
+
+
+def _run_id(flow_run_id: str) -> str | None:
+    try:
+        rows = warehouse_for(settings()).query("SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id]).rows
+    except Exception:  # noqa: BLE001 - the callback still goes out without a run id
+        return None
+    return rows[0][0] if rows else None
+
+
+def call_back(flow: Any, flow_run: Any, state: Any) -> None:
+    """POST {flow_run_id, run_id, state, counts, tables} to the run's callback_url, if it has one; never fail the run."""
+    url = _callback_url(flow_run)
+    if not url:
+        return
+    summary = None
+    if state.is_completed():
+        try:
+            summary = state.result(raise_on_failure=False)
+        except Exception:  # noqa: BLE001 - results are not persisted; counts are optional
+            summary = None
+    payload = completion_payload(str(flow_run.id), state.type.value, summary if isinstance(summary, dict) else None,
+                                 _run_id(str(flow_run.id)), None if state.is_completed() else state.message)
+    if not post_json(url, payload):
+        log.warning("callback to %s gave up; the run's own state is unaffected", url)

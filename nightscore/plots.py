@@ -1,0 +1,61 @@
+"""PNG plots of a run for its page in the Prefect UI: topic shares, token lengths, topic_score vs the previous run."""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+import numpy as np
+
+
+def _figure():  # matplotlib is imported on first use: no work at import time, and the Agg backend (no screen)
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt, *plt.subplots(figsize=(7, 3.2), dpi=100)
+
+
+def _png(plt, fig) -> bytes:  # noqa: ANN001 - matplotlib objects
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def topic_distribution(topics: Sequence[str], counts: Sequence[int]) -> bytes:
+    """Return a PNG bar chart of items per topic."""
+    plt, fig, ax = _figure()
+    ax.bar(list(topics), list(counts), color="#3b6ea5")
+    ax.set_title("Items per topic")
+    ax.set_ylabel("items")
+    ax.tick_params(axis="x", labelrotation=30)
+    return _png(plt, fig)
+
+
+def token_lengths(lengths: np.ndarray, boundaries: Sequence[int]) -> bytes:
+    """Return a PNG histogram of token lengths with the bucket boundaries drawn as lines."""
+    plt, fig, ax = _figure()
+    top = max(int(lengths.max()) if lengths.size else 1, max(boundaries))
+    ax.hist(lengths, bins=np.linspace(0, top, 60), color="#5a9e6f")
+    for boundary in boundaries:
+        ax.axvline(boundary, color="#c0392b", linestyle="--", linewidth=1)
+    ax.set_title("Token lengths (dashed: bucket boundaries)")
+    ax.set_xlabel("tokens per text")
+    ax.set_ylabel("texts")
+    return _png(plt, fig)
+
+
+def score_distributions(current: np.ndarray, previous: np.ndarray | None, previous_label: str | None) -> bytes:
+    """Return a PNG of the topic_score distribution of this run, over the previous run's when there is one."""
+    plt, fig, ax = _figure()
+    bins = np.linspace(0.0, 1.0, 41)
+    ax.hist(current, bins=bins, alpha=0.7, density=True, label="this run", color="#3b6ea5")
+    if previous is not None and previous.size:
+        ax.hist(previous, bins=bins, alpha=0.5, density=True, label=f"previous ({previous_label})", color="#e67e22")
+    ax.set_title("topic_score distribution")
+    ax.set_xlabel("topic_score")
+    ax.legend()
+    return _png(plt, fig)
