@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Optional
 
 import click
+import pydantic
 import typer
 
-from nightscore.errors import EXIT_USAGE, NightscoreError, RunInterrupted, exit_code_for
+from nightscore.errors import EXIT_USAGE, NightscoreError, RunInterrupted, UsageError, exit_code_for
 from nightscore.settings import Settings, load_settings
 
 log = logging.getLogger("nightscore")
@@ -79,14 +80,17 @@ def run_nightly(
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
     _settings(home)
     from flows.nightly import nightly
-    from nightscore.output import summary_text
+    from flows.params import NightlyParams
+    from nightscore.output import progress_bar, summary_text
     from nightscore.stop import install_signal_handlers
 
     from prefect.exceptions import TerminationSignal
 
     install_signal_handlers()
+    params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
     try:
-        summary = nightly(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
+        with progress_bar():
+            summary = nightly(params)
     except TerminationSignal as exc:  # Prefect turns SIGTERM into this in the flow's thread
         raise RunInterrupted(
             "run interrupted by SIGTERM: finished shards are kept; run the same command again (or --resume RUN_ID) to finish it"
@@ -101,9 +105,10 @@ def run_train_ranker(
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
     _settings(home)
+    from flows.params import TrainRankerParams
     from flows.train_ranker import train_ranker
 
-    result = train_ranker(run_id=run_id)
+    result = train_ranker(TrainRankerParams(run_id=run_id))
     metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["metrics"].items()) if isinstance(v, float))
     typer.echo(f"ranker {result['version']} saved to {result['path']}\n  {metrics}")
 
@@ -201,6 +206,102 @@ def prune(
     typer.echo(f"pruned {warehouse_for(cfg).prune(keep_runs, keep_days)} run(s)")
 
 
+@app.command("up")
+def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect server listens on."),
+       home: Optional[Path] = HomeOption) -> None:
+    """Start a Prefect server (port NIGHTSCORE_PREFECT_PORT, default 4200), the deployments and a worker; print the UI URL."""
+    cfg = _settings(home)
+    from deployments.stack import up as start
+
+    state = start(cfg, host)
+    typer.echo(f"nightscore is up: Prefect UI {state['ui_url']}  (API {state['api_url']})\n"
+               f"  deployments: {', '.join(state['deployments'])}; worker pool {cfg.work_pool}; logs in {state['home']}/logs\n"
+               f"  export PREFECT_API_URL={state['api_url']}   # for prefect commands and nightscore trigger/status")
+
+
+@app.command("down")
+def down(home: Optional[Path] = HomeOption) -> None:
+    """Stop the worker and the Prefect server that `nightscore up` started."""
+    cfg = _settings(home)
+    from deployments.stack import down as stop
+
+    stopped = stop(cfg)
+    typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was up")
+
+
+@app.command("deploy")
+def deploy(home: Optional[Path] = HomeOption) -> None:
+    """Register the work pool, queues, gpu limit and deployments with the server at PREFECT_API_URL."""
+    cfg = _settings(home)
+    _api_url(cfg)
+    from deployments.deploy import deploy_all
+
+    for name, deployment_id in deploy_all(cfg).items():
+        typer.echo(f"{name}: {deployment_id}")
+
+
+def _api_url(cfg: Settings) -> str:
+    """Return the Prefect API to talk to: PREFECT_API_URL, else the one `nightscore up` started (exported for Prefect)."""
+    from deployments.stack import read_state
+
+    url = os.environ.get("PREFECT_API_URL") or (read_state(cfg) or {}).get("api_url")
+    if not url:
+        raise UsageError("no Prefect server: run `nightscore up` or set PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    return url
+
+
+trigger_app = typer.Typer(no_args_is_help=True, help="Start a deployment's run through the Prefect API.")
+app.add_typer(trigger_app, name="trigger")
+
+
+@trigger_app.command("on-demand")
+def trigger_on_demand(
+    items: Optional[str] = typer.Option(None, "--items", help="Items Parquet URI (default: the latest published run's)."),
+    interactions: Optional[str] = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
+    item_ids: Optional[list[str]] = typer.Option(None, "--item-id", help="Score only this item id (repeatable)."),
+    run_date: Optional[str] = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
+    callback_url: Optional[str] = typer.Option(None, "--callback-url", help="URL the run POSTs its result to."),
+    key: Optional[str] = typer.Option(None, "--idempotency-key", help="Same key = same run (default: parameters + today's date)."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the run to finish; exit 1 unless it completed."),
+    timeout: float = typer.Option(3600, "--timeout", help="Seconds --wait waits."),
+    home: Optional[Path] = HomeOption,
+) -> None:
+    """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
+    cfg = _settings(home)
+    _api_url(cfg)
+    from deployments.trigger import default_idempotency_key, trigger, wait_for_run
+    from flows.params import OnDemandParams
+
+    params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
+                            run_date=run_date, callback_url=callback_url)
+    created = trigger("on-demand", params, key or default_idempotency_key("on-demand", params))
+    typer.echo(created["flow_run_id"])
+    log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
+    if wait:
+        state = wait_for_run(created["flow_run_id"], timeout)
+        typer.echo(f"{state['state_name']}")
+
+
+@app.command("status")
+def status(flow_run_id: str = typer.Argument(..., help="Flow run id printed by `nightscore trigger`."),
+           home: Optional[Path] = HomeOption) -> None:
+    """Print a flow run's state (from the Prefect API) and its counts (from the warehouse)."""
+    cfg = _settings(home)
+    _api_url(cfg)
+    from deployments.trigger import flow_run_state, run_counts
+    from storage.resources import warehouse_for
+
+    state = flow_run_state(flow_run_id)
+    typer.echo(f"{state['name']}: {state['state_name']}" + (f" ({state['message']})" if state["message"] else ""))
+    try:
+        counts = run_counts(warehouse_for(cfg), flow_run_id)
+    except NightscoreError:
+        counts = None
+    for name, value in (counts or {}).items():
+        typer.echo(f"  {name}: {value}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; failures print one line, never a bare traceback."""
     try:
@@ -210,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.UsageError as exc:
         exc.show()
+        return EXIT_USAGE
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'parameters'}: {e['msg']}" for e in exc.errors())
+        typer.echo(f"nightscore: error: invalid parameters: {problems}", err=True)
         return EXIT_USAGE
     except click.Abort:
         typer.echo("nightscore: aborted", err=True)

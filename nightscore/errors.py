@@ -37,6 +37,18 @@ class CacheUnavailable(NightscoreError):
     """The cache server could not be reached (exit 1; HTTP 503 in serving)."""
 
 
+class StackError(NightscoreError):
+    """`nightscore up`/`down` could not start or reach the Prefect server or worker (exit 1)."""
+
+    exit_code = 1
+
+
+class RunFailed(NightscoreError):
+    """A triggered flow run ended in a state other than Completed (exit 1)."""
+
+    exit_code = 1
+
+
 class RunInterrupted(NightscoreError):
     """The run was asked to stop (SIGTERM, cancellation); finished shards are kept for a resume (exit 143)."""
 

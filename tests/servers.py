@@ -1,4 +1,4 @@
-"""Real servers the tests start on loopback and stop: a Prefect API server (SQLite or PostgreSQL)."""
+"""Real servers the tests start on loopback and stop: a Prefect API server (SQLite or PostgreSQL), an S3 server (moto)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -62,6 +64,7 @@ def prefect_server(home: Path, database_url: str | None = None, auth: str | None
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "true" if ui else "false"}
     env.pop("PREFECT_API_URL", None)
+    env["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"  # else the UI looks for its API on port 4200
     if database_url:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     if auth:
@@ -80,3 +83,75 @@ def prefect_server(home: Path, database_url: str | None = None, auth: str | None
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+
+
+# --- S3 (moto_server) ---------------------------------------------------------------------------
+
+MOTO_SERVER = str(Path(sys.executable).with_name("moto_server"))
+S3_BUCKET = "nightscore-test"
+
+
+def http_answers(url: str) -> bool:
+    """Return whether anything answers HTTP at url (an error status counts as an answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def moto_s3(log_dir: Path) -> Iterator[str]:
+    """Start `moto_server` (an S3-compatible server) on a free loopback port; yield its endpoint URL; stop it after."""
+    port = free_port()
+    log = open(log_dir / "moto_server.log", "ab")
+    server = subprocess.Popen([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_answers(endpoint), 60, server, "moto_server")
+        yield endpoint
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def s3_environment(endpoint: str, home: Path) -> dict[str, str]:
+    """Return the AWS_* variables that point boto/s3fs at endpoint with dummy keys and no user config."""
+    return {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",  # s3fs: region by env; client_kwargs region_name breaks bucket creation
+        "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(home / "aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials"),
+    }
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Run one moto_server for the session; yield its endpoint URL."""
+    with moto_s3(tmp_path_factory.mktemp("moto")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Export AWS_* for the session's moto_server, create a fresh bucket; yield "s3://<bucket>"."""
+    import s3fs
+
+    for name, value in s3_environment(s3_endpoint, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec reuses instances; one made under other variables would stay
+    bucket = f"{S3_BUCKET}-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem().mkdir(bucket)
+    try:
+        yield f"s3://{bucket}"
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

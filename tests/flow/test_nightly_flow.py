@@ -38,12 +38,16 @@ def scalar(sql: str) -> object:
     return warehouse_for(load_settings()).query(sql).rows[0][0]
 
 
-from flows.nightly import nightly  # noqa: E402
+from flows.nightly import nightly as nightly_flow  # noqa: E402
+from flows.params import NightlyParams, TrainRankerParams  # noqa: E402
+
+
+def nightly(**params: object) -> dict:
+    """Run the nightly flow with NightlyParams built from keyword arguments."""
+    return nightly_flow(NightlyParams(**params))
 
 
 def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Path) -> None:
-    from flows.nightly import nightly
-
     items, interactions = generate_demo_data(300, 60, seed=3)
     items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
     summary = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
@@ -70,8 +74,6 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
 
 
 def test_bad_rows_are_quarantined_and_the_rest_scored(tiny: Path, tmp_path: Path) -> None:
-    from flows.nightly import nightly
-
     items, interactions = generate_demo_data(300, 60, seed=4)
     items = items.with_columns(
         pl.when(pl.int_range(pl.len()) == 5).then(pl.lit("   ")).otherwise(pl.col("body")).alias("body"),
@@ -89,8 +91,6 @@ def test_bad_rows_are_quarantined_and_the_rest_scored(tiny: Path, tmp_path: Path
 
 
 def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_path: Path) -> None:
-    from flows.nightly import nightly
-
     items, interactions = generate_demo_data(200, 40, seed=5)
     good = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "good", items, interactions)[0],
                    interactions_uri=str(tmp_path / "good" / "interactions.parquet"))
@@ -112,8 +112,6 @@ def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_pa
 
 
 def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) -> None:
-    from flows.nightly import nightly
-
     items, interactions = generate_demo_data(50, 10, seed=6)
     items_uri, inter_uri = write_inputs(tmp_path / "in", items.drop("body"), interactions)
     with pytest.raises(InputUnreadable, match=r"items file .*items.parquet: missing required column\(s\) body"):
@@ -125,8 +123,6 @@ def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) 
 
 
 def test_republishing_a_run_date_replaces_its_rows(tiny: Path, tmp_path: Path) -> None:
-    from flows.nightly import nightly
-
     items, interactions = generate_demo_data(120, 30, seed=7)
     items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
     first = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
@@ -177,7 +173,7 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     items, interactions = generate_demo_data(300, 60, seed=9)
     published = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
                         interactions_uri=str(tmp_path / "in" / "interactions.parquet"))
-    trained = train_ranker()
+    trained = train_ranker(TrainRankerParams())
     assert 0.0 <= trained["metrics"]["auc"] <= 1.0
     cfg = load_settings()
     root = cfg.serving_root
