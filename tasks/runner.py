@@ -1,0 +1,184 @@
+"""The flow's task runner, chosen from settings when a flow run starts: one local thread, or Ray.
+
+Only the tasks a flow *submits or maps* go through a task runner; tasks it calls directly run in the
+flow's own process. In the nightly flow that means the encode shards go to Ray and every other stage
+stays on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Iterable
+
+from prefect.futures import PrefectFuture, PrefectFutureList
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from nightscore.errors import UsageError
+from nightscore.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+# Variables Ray workers need besides NIGHTSCORE_*: where the Prefect API is, offline model libraries,
+# an S3 endpoint/region. Credentials are left to each node's own environment (runtime_env is visible
+# in Ray's dashboard).
+WORKER_ENV_NAMES = ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                    "TOKENIZERS_PARALLELISM", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
+SETUP_HOOK = "tasks.runner.setup_worker"
+
+
+class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
+    """Delegates to ThreadPoolTaskRunner(max_workers=1) or prefect-ray's RayTaskRunner, per NIGHTSCORE_TASK_RUNNER.
+
+    Nothing is read at construction (deployments import the flow as is); settings are read in
+    ``__enter__``, when the flow run starts. Under Ray, each submitted task asks for one GPU when the
+    cluster has GPUs, else ``num_threads`` CPUs (1 by default).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._delegate: TaskRunner[Any] | None = None
+        self._options: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """Return the runner's name as Prefect logs it."""
+        return "settings"
+
+    def duplicate(self) -> "SettingsTaskRunner":
+        """Return a fresh, unstarted runner (settings are read again when it starts)."""
+        return type(self)()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SettingsTaskRunner)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "SettingsTaskRunner":
+        if in_ray_worker():  # Prefect re-enters the flow's runner around each task it runs on Ray
+            return self._start(ThreadPoolTaskRunner(max_workers=1))
+        cfg = load_settings()
+        self._start(build_runner(cfg))
+        self._options = remote_resources(cfg) if cfg.task_runner == "ray" else {}
+        log.info("task runner: %s%s", cfg.task_runner, f" (each submitted task: {self._options})" if self._options else "")
+        return self
+
+    def _start(self, delegate: TaskRunner[Any]) -> "SettingsTaskRunner":
+        delegate.__enter__()
+        super().__enter__()
+        self._delegate, self._options = delegate, {}
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            if self._delegate is not None:
+                self._delegate.__exit__(*exc_info)
+        finally:
+            self._delegate = None
+            super().__exit__(*exc_info)
+
+    def submit(self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None,
+               dependencies: dict[str, Any] | None = None) -> PrefectFuture[Any]:
+        """Submit one task run to the delegate (under Ray with this run's resource options)."""
+        with self._resources():
+            return self._started_delegate().submit(task, parameters, wait_for, dependencies)
+
+    def map(self, task: Any, parameters: dict[str, Any],
+            wait_for: Iterable[PrefectFuture[Any]] | None = None) -> PrefectFutureList[Any]:
+        """Submit one task run per element of the mapped parameters to the delegate."""
+        with self._resources():
+            return self._started_delegate().map(task, parameters, wait_for)
+
+    def _started_delegate(self) -> TaskRunner[Any]:
+        if self._delegate is None:
+            raise RuntimeError("The task runner must be started before submitting work.")
+        return self._delegate
+
+    def _resources(self) -> AbstractContextManager[Any]:
+        if not self._options:
+            return nullcontext()
+        from prefect_ray.context import remote_options
+
+        return remote_options(**self._options)
+
+
+def build_runner(cfg: Settings) -> TaskRunner[Any]:
+    """Return the (unstarted) task runner the settings name; ray needs a real Prefect server."""
+    if cfg.task_runner == "local":
+        # One shard at a time: the encoder already uses every core (or the one GPU).
+        return ThreadPoolTaskRunner(max_workers=1)
+    api_url = prefect_api_url()
+    if not api_url:
+        raise UsageError("task_runner=ray needs a Prefect server: set PREFECT_API_URL (without it every Ray worker "
+                         "would start its own temporary server)")
+    from prefect_ray import RayTaskRunner
+
+    client = cfg.ray_address if cfg.ray_address and cfg.ray_address.startswith("ray://") else None
+    return RayTaskRunner(address=client, init_kwargs=ray_init_kwargs(cfg, api_url))
+
+
+def in_ray_worker() -> bool:
+    """Return whether this process is a Ray worker (not a driver)."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+def prefect_api_url() -> str | None:
+    """Return the Prefect API URL of this process (environment or profile), or None in ephemeral mode."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def ray_init_kwargs(cfg: Settings, api_url: str) -> dict[str, Any]:
+    """Return ray.init's keyword arguments: which cluster, and the workers' environment and setup hook."""
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env(cfg, api_url), "worker_process_setup_hook": SETUP_HOOK}}
+    if cfg.ray_address is None:
+        # "local" always starts a new Ray here: a bare ray.init() would join any cluster already on the machine.
+        kwargs.update(address="local", num_cpus=cfg.ray_num_cpus, include_dashboard=False)
+    elif not cfg.ray_address.startswith("ray://"):
+        kwargs["address"] = cfg.ray_address
+    return kwargs
+
+
+def shard_threads(cfg: Settings) -> int:
+    """Return the CPUs (and torch threads) one shard task gets on a CPU cluster."""
+    return cfg.num_threads or 1
+
+
+def worker_env(cfg: Settings, api_url: str) -> dict[str, str]:
+    """Return the environment of Ray workers: every NIGHTSCORE_* variable, the Prefect API URL, torch threads."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("NIGHTSCORE_") or k in WORKER_ENV_NAMES}
+    env["NIGHTSCORE_HOME"] = str(cfg.home.resolve())  # workers may start in another folder
+    env["NIGHTSCORE_NUM_THREADS"] = str(shard_threads(cfg))  # Ray would leave torch at one thread
+    env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def remote_resources(cfg: Settings) -> dict[str, Any]:
+    """Return the Ray options of one shard task: a GPU when the cluster has any, else num_threads CPUs.
+
+    max_calls=0 keeps GPU workers alive between tasks (Ray's default for GPU tasks is a fresh process
+    per task), so the encoder cached per process loads once per worker.
+    """
+    import ray
+
+    if ray.cluster_resources().get("GPU", 0) > 0:
+        return {"num_gpus": 1, "max_calls": 0}
+    return {"num_cpus": shard_threads(cfg)}
+
+
+def setup_worker() -> None:
+    """Prepare a Ray worker process: nightscore's logs at INFO, offline model libraries, torch threads."""
+    from models.encoder import configure_threads
+    from nightscore.runtime import configure_logging, configure_runtime
+
+    cfg = load_settings()
+    configure_runtime(cfg)
+    configure_logging()
+    log.info("ray worker %d ready: %d torch threads", os.getpid(), configure_threads(cfg.num_threads))
