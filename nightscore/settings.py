@@ -36,6 +36,16 @@ class Settings(BaseSettings):
     )
     cache_prefix: str = Field("nightscore", description="Key prefix of every cache entry.")
 
+    # --- lake on S3 --------------------------------------------------------------------------
+    # Only read when lake_url is s3://...; credentials come from the standard AWS variables
+    # (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the AWS config/profile, never from here.
+    s3_endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint of an s3:// lake (MinIO, moto, ...). Default: AWS_ENDPOINT_URL, else AWS."
+    )
+    s3_region: str | None = Field(
+        None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config."
+    )
+
     # --- cache versions ------------------------------------------------------------------------
     cache_version_grace_s: float = Field(
         86_400, ge=0, description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
@@ -106,6 +116,16 @@ class Settings(BaseSettings):
         "'auto' joins the cluster this node belongs to; 'ray://host:10001' connects through Ray Client."
     )
     ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray (ray_address None). Default: all cores.")
+
+    # --- deployments (nightscore up, the Prefect UI) ---------------------------------------
+    schedule_timezone: str = Field("UTC", description="Timezone of the nightly and train-ranker crons (IANA name).")
+    nightly_cron: str = Field("0 3 * * *", description="Cron of the nightly deployment (default 03:00).")
+    train_ranker_cron: str = Field("0 5 * * 0", description="Cron of the weekly train-ranker deployment (Sunday 05:00).")
+    work_pool: str = Field("nightscore", description="Process work pool of the deployments (queues on-demand and scheduled).")
+    gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
+    gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
+    hourly_price_usd: float = Field(2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
+    prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
 
     @field_validator("bucket_boundaries")
     @classmethod
