@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
+import tempfile
 import uuid
+from pathlib import Path
 
 import fsspec
 import polars as pl
@@ -22,7 +25,8 @@ class Lake:
 
     def __init__(self, root: str, storage_options: dict | None = None) -> None:
         self.root = root.rstrip("/")
-        self.fs, self._root_path = url_to_fs(self.root, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self._root_path = url_to_fs(self.root, **self.storage_options)
         self.is_local = "file" in self.fs.protocol
 
     def uri(self, *parts: str) -> str:
@@ -58,13 +62,11 @@ class Lake:
             raise InputUnreadable(f"{dataset} file {uri}: not a readable Parquet file ({_first_line(exc)})") from exc
 
     def write_parquet(self, frame: pl.DataFrame, uri: str) -> str:
-        """Write frame to uri atomically (temporary name, then rename) and return uri."""
+        """Write frame to uri atomically (temporary name, then rename; on S3 one upload of a finished file) and return uri."""
         fs, path = self._fs_path(uri)
+        if "file" not in fs.protocol:
+            return self._upload_parquet(frame, fs, path, uri)
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        if not self.is_local:
-            with fs.open(path, "wb") as handle:  # an S3 object appears whole or not at all
-                frame.write_parquet(handle)
-            return uri
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             with fs.open(tmp, "wb") as handle:
@@ -75,14 +77,39 @@ class Lake:
                 fs.rm(tmp)
         return uri
 
+    @staticmethod
+    def _upload_parquet(frame: pl.DataFrame, fs: fsspec.AbstractFileSystem, path: str, uri: str) -> str:
+        """Write frame to a local temporary file, then upload it whole (a failed upload leaves no object)."""
+        # Not fs.open("wb"): closing a remote file on an exception would commit the part written so far.
+        handle, tmp = tempfile.mkstemp(suffix=".parquet", prefix="nightscore-")
+        os.close(handle)
+        try:
+            frame.write_parquet(tmp)
+            fs.put_file(tmp, path)
+        finally:
+            os.unlink(tmp)
+        return uri
+
+    def put_dir(self, local_dir: str | Path, uri: str) -> list[str]:
+        """Copy every file under a local folder to the folder uri (same relative paths); return their URIs."""
+        fs, path = self._fs_path(uri)
+        files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
+        for file in files:
+            relative = file.relative_to(local_dir).as_posix()
+            if "file" in fs.protocol:
+                fs.makedirs(posixpath.dirname(posixpath.join(path, relative)), exist_ok=True)
+            fs.put_file(str(file), posixpath.join(path, relative))
+        log.debug("lake: copied %d files from %s to %s", len(files), local_dir, uri)
+        return [posixpath.join(uri, f.relative_to(local_dir).as_posix()) for f in files]
+
     def write_json(self, payload: dict, uri: str) -> str:
         """Write a small JSON document atomically (temporary name, then rename) and return uri."""
         fs, path = self._fs_path(uri)
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         data = json.dumps(payload, sort_keys=True, default=str).encode()
-        if not self.is_local:
-            fs.pipe_file(path, data)
+        if "file" not in fs.protocol:
+            fs.pipe_file(path, data)  # one PUT: the object appears whole or not at all
             return uri
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)
@@ -91,12 +118,18 @@ class Lake:
     def read_json(self, uri: str) -> dict | None:
         """Return the JSON document at uri, or None if there is none."""
         fs, path = self._fs_path(uri)
-        if not fs.exists(path):
+        try:
+            return json.loads(fs.cat_file(path))
+        except FileNotFoundError:
             return None
-        return json.loads(fs.cat_file(path))
 
     def _fs_path(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """Return the filesystem and path of uri: the lake's own for its paths and for URIs of its protocol."""
         if uri.startswith(self.root) or "://" not in uri:
+            return self.fs, self.fs._strip_protocol(uri)
+        protocol = uri.split("://", 1)[0]
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        if protocol in protocols:  # e.g. inputs in another bucket: same endpoint and credentials
             return self.fs, self.fs._strip_protocol(uri)
         return url_to_fs(uri)
 

@@ -8,11 +8,29 @@ from storage.lake import Lake
 from storage.warehouse import Warehouse, open_warehouse
 
 EMBEDDING_DIM = 384
+S3_SCHEMES = ("s3://", "s3a://")
+
+
+def lake_storage_options(settings: Settings) -> dict:
+    """Return the s3fs options of an s3:// lake from settings (endpoint, region); {} for a local lake.
+
+    Credentials are left to s3fs/botocore (AWS_* variables, the AWS config or profile); AWS_ENDPOINT_URL
+    and AWS_DEFAULT_REGION apply when the settings leave endpoint and region unset.
+    """
+    if not settings.lake_root.startswith(S3_SCHEMES):
+        return {}
+    # Listings are not cached: several processes (tasks, resumed runs, analysts) write the same prefixes.
+    options: dict = {"use_listings_cache": False}
+    if settings.s3_endpoint_url:
+        options["endpoint_url"] = settings.s3_endpoint_url
+    if settings.s3_region:
+        options["client_kwargs"] = {"region_name": settings.s3_region}
+    return options
 
 
 def lake_for(settings: Settings) -> Lake:
-    """Return the lake adapter for settings.lake_root."""
-    return Lake(settings.lake_root)
+    """Return the lake adapter for settings.lake_root (s3:// through s3fs with lake_storage_options)."""
+    return Lake(settings.lake_root, lake_storage_options(settings))
 
 
 def warehouse_for(settings: Settings) -> Warehouse:

@@ -85,14 +85,15 @@ def publish(
 def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame]) -> list[str]:
     """Write published tables as Hive partitions <lake>/outputs/<table>/run_date=YYYY-MM-DD/part-0.parquet.
 
-    One file per table and run_date, replaced atomically by a re-publish of the same date, so engines
-    other than ours (Spark, Trino, DuckDB on S3) read exactly what the warehouse holds.
+    Written by DuckDB's COPY ... PARTITION_BY (through the lake's s3fs on S3) and moved into place, so a
+    re-publish of the same date replaces each file whole and engines other than ours (Spark, Trino, DuckDB
+    on S3) read exactly what the warehouse holds.
     """
-    uris = []
-    for table, frame in tables.items():
-        uri = lake.uri("outputs", table, f"run_date={run.run_date}", "part-0.parquet")
-        uris.append(lake.write_parquet(frame.drop("run_date"), uri))
-    return uris
+    from storage import duckdb_lake  # imported here: only publication writes partitions
+
+    with duckdb_lake.connect(lake) as con:
+        return [uri for table, frame in tables.items()
+                for uri in duckdb_lake.write_partitions(con, lake, table, frame.to_arrow())]
 
 
 def drop_old_versions(cache: CandidateCache) -> list[str]:

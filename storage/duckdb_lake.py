@@ -1,0 +1,120 @@
+"""DuckDB on the lake's Hive partitions (``<lake>/outputs/<table>/run_date=YYYY-MM-DD/part-0.parquet``).
+
+On an s3:// lake the lake's own s3fs filesystem is registered with DuckDB (``register_filesystem``), so DuckDB
+reads and writes ``s3://`` through s3fs with the lake's endpoint and credentials; DuckDB's httpfs extension is
+not needed (it cannot be downloaded on our hosts). A local lake is read by DuckDB directly.
+
+Analysts::
+
+    from nightscore.settings import load_settings
+    from storage.duckdb_lake import connect, read_partitions
+    from storage.resources import lake_for
+
+    lake = lake_for(load_settings())
+    con = connect(lake)
+    read_partitions(con, lake, "item_scores").filter("run_date = date '2026-11-30'").limit(5).show()
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import uuid
+
+import duckdb
+import pyarrow as pa
+
+from nightscore.errors import PublishError
+from storage.lake import Lake
+
+log = logging.getLogger(__name__)
+
+OUTPUTS = "outputs"
+PARTITION_COLUMN = "run_date"
+STAGING = "_staging"  # beside the tables, so a table's glob never matches a staged file
+
+
+def connect(lake: Lake, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """Return a DuckDB connection that reads and writes the lake's URIs (s3:// through the lake's s3fs)."""
+    con = duckdb.connect(database)
+    if not lake.is_local:
+        con.register_filesystem(lake.fs)
+    return con
+
+
+def table_uri(lake: Lake, table: str) -> str:
+    """Return the folder of a published table's partitions."""
+    return lake.uri(OUTPUTS, table)
+
+
+def partitions_glob(lake: Lake, table: str) -> str:
+    """Return the glob of every partition file of a published table."""
+    return lake.uri(OUTPUTS, table, "*", "*.parquet")
+
+
+def read_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str) -> duckdb.DuckDBPyRelation:
+    """Return a relation over every partition of a published table, run_date (a DATE) from the folder names."""
+    glob = _quote(partitions_glob(lake, table))
+    return con.sql(f"select * from read_parquet({glob}, hive_partitioning = true)")
+
+
+def write_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, rows: pa.Table) -> list[str]:
+    """Write rows as Hive partitions by run_date with DuckDB's COPY; return the partition files' URIs.
+
+    COPY ... PARTITION_BY writes into a staging folder of the lake (through the registered filesystem on S3);
+    each file then moves into place (a rename locally, one server-side copy on S3), so a reader sees a
+    partition's old file or its new one, never half a file. Files of a partition not rewritten are removed.
+    """
+    if PARTITION_COLUMN not in rows.column_names:
+        raise PublishError(f"cannot partition {table}: it has no {PARTITION_COLUMN} column")
+    staging = lake.uri(OUTPUTS, STAGING, f"{table}-{uuid.uuid4().hex[:12]}")
+    if lake.is_local:  # DuckDB creates the partition folders, not their parents
+        lake.fs.makedirs(lake.fs._strip_protocol(lake.uri(OUTPUTS, STAGING)), exist_ok=True)
+    con.register("nightscore_partition_rows", rows)
+    try:
+        con.execute(f"COPY nightscore_partition_rows TO {_quote(staging)} (FORMAT parquet, "
+                    f"PARTITION_BY ({PARTITION_COLUMN}), FILENAME_PATTERN 'part-{{i}}', OVERWRITE_OR_IGNORE true)")
+        return _move_into_place(lake, staging, table_uri(lake, table))
+    finally:
+        con.unregister("nightscore_partition_rows")
+        _remove_tree(lake, staging)
+
+
+def _move_into_place(lake: Lake, staging: str, target: str) -> list[str]:
+    """Move every staged partition file to the same relative path under target; drop stale files there."""
+    fs = lake.fs
+    staged_root = fs._strip_protocol(staging)
+    target_root = fs._strip_protocol(target)
+    moved = []
+    for path in sorted(fs.find(staged_root)):
+        relative = posixpath.relpath(path, staged_root)
+        destination = posixpath.join(target_root, relative)
+        if lake.is_local:
+            fs.makedirs(posixpath.dirname(destination), exist_ok=True)
+        fs.mv(path, destination)
+        moved.append(relative)
+    _remove_stale(lake, target_root, moved)
+    log.info("lake: wrote %d partition file(s) under %s", len(moved), target)
+    return [posixpath.join(target, relative) for relative in moved]
+
+
+def _remove_stale(lake: Lake, target_root: str, written: list[str]) -> None:
+    """Remove the files of rewritten partitions that this write did not produce (from a larger earlier write)."""
+    for partition in {posixpath.dirname(relative) for relative in written}:
+        folder = posixpath.join(target_root, partition)
+        keep = {posixpath.join(target_root, relative) for relative in written}
+        for path in lake.fs.find(folder):
+            if path not in keep:
+                lake.fs.rm(path)
+
+
+def _remove_tree(lake: Lake, uri: str) -> None:
+    """Remove a folder of the lake if it exists (staging leftovers)."""
+    path = lake.fs._strip_protocol(uri)
+    if lake.fs.exists(path):
+        lake.fs.rm(path, recursive=True)
+
+
+def _quote(text: str) -> str:
+    """Return text as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
