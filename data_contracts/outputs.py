@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandera.polars as pa
 import polars as pl
@@ -36,38 +39,88 @@ def user_candidates_schema(k: int) -> pa.DataFrameSchema:
     }, unique=["user_id", "item_id"], name="user_candidates")
 
 
-def pandera_failures(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> list[str]:
-    """Return one line per failing pandera check: column, check, failing rows and an example value."""
+def pandera_cases(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> pl.DataFrame | str:
+    """Return failing pandera checks as (column, check, n, example) rows, or one line for a schema-level failure."""
     try:
         schema.validate(frame, lazy=True)
     except SchemaErrors as exc:
-        cases = exc.failure_cases.group_by("column", "check", maintain_order=True).agg(
-            pl.len().alias("n"), pl.col("failure_case").first().alias("example"))
-        return [f"{schema.name}.{c}: {check} failed for {n} row(s), e.g. {ex}" for c, check, n, ex in cases.iter_rows()]
+        return exc.failure_cases.group_by("column", "check", maintain_order=True).agg(
+            pl.len().alias("n"), pl.col("failure_case").first().cast(pl.String).alias("example"))
     except SchemaError as exc:
-        return [f"{schema.name}: {' '.join(str(exc).split())[:200]}"]
-    return []
+        return f"{schema.name}: {' '.join(str(exc).split())[:200]}"
+    return pl.DataFrame(schema={"column": pl.String, "check": pl.String, "n": pl.UInt32, "example": pl.String})
 
 
-def item_score_failures(scores: pl.DataFrame, labels: list[str], expected_rows: int) -> list[str]:
-    """Return the item_scores rules that fail: pandera row contract, row count, finite unit-norm embeddings."""
-    failures = pandera_failures(scores, item_scores_schema(labels))
-    if scores.height != expected_rows:
-        failures.append(f"item_scores has {scores.height} rows, expected {expected_rows}")
-    if scores.get_column("item_id").n_unique() != scores.height:
-        failures.append("item_scores.item_id is not unique")
-    vectors = scores.get_column("embedding").to_numpy() if scores.height else np.zeros((0, 1), np.float32)
-    if not np.isfinite(vectors).all():
-        failures.append("item_scores.embedding has NaN or infinite values")
-    norms = np.linalg.norm(vectors, axis=1)
-    if norms.size and float(np.abs(norms - 1).max()) > NORM_TOLERANCE:
-        failures.append(f"item_scores.embedding norm off 1 by {float(np.abs(norms - 1).max()):.2e}")
-    topic_score = scores.get_column("topic_score")
-    if topic_score.is_nan().any() or not topic_score.is_between(0.0, 1.0).all():
-        failures.append("item_scores.topic_score outside [0, 1]")
-    if not scores.get_column("topic").is_in(pl.Series(labels).implode()).all():
-        failures.append("item_scores.topic has a value outside the label set")
-    return failures
+def render_cases(cases: list[pl.DataFrame | str], name: str) -> list[str]:
+    """Return one line per failing check over one or more frames' cases: counts summed, first example kept."""
+    lines = list(dict.fromkeys(c for c in cases if isinstance(c, str)))
+    frames = [c.cast({"n": pl.UInt32}) for c in cases if isinstance(c, pl.DataFrame)]
+    if frames:
+        merged = pl.concat(frames).group_by("column", "check", maintain_order=True).agg(
+            pl.col("n").sum(), pl.col("example").first())
+        lines += [f"{name}.{c}: {check} failed for {n} row(s), e.g. {ex}" for c, check, n, ex in merged.iter_rows()]
+    return lines
+
+
+def pandera_failures(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> list[str]:
+    """Return one line per failing pandera check: column, check, failing rows and an example value."""
+    return render_cases([pandera_cases(frame, schema)], str(schema.name))
+
+
+@dataclass
+class ItemScoreTally:
+    """What item_score_failures needs of item_scores, accumulated one batch at a time."""
+
+    cases: list[pl.DataFrame | str] = field(default_factory=list)
+    rows: int = 0
+    ids: list[pl.Series] = field(default_factory=list)
+    all_finite: bool = True
+    worst_norm: float = 0.0
+    bad_topic_score: bool = False
+    bad_topic: bool = False
+
+    def add(self, batch: pl.DataFrame, labels: list[str]) -> None:
+        """Check one batch (row contract and numeric rules) and keep its ids for the global uniqueness check."""
+        self.cases.append(pandera_cases(batch, item_scores_schema(labels)))
+        self.rows += batch.height
+        self.ids.append(batch.get_column("item_id"))
+        vectors = batch.get_column("embedding").to_numpy() if batch.height else np.zeros((0, 1), np.float32)
+        self.all_finite &= bool(np.isfinite(vectors).all())
+        norms = np.linalg.norm(vectors, axis=1)
+        if norms.size:
+            self.worst_norm = max(self.worst_norm, float(np.abs(norms - 1).max()))
+        topic_score = batch.get_column("topic_score")
+        self.bad_topic_score |= bool(topic_score.is_nan().any() or not topic_score.is_between(0.0, 1.0).all())
+        self.bad_topic |= not batch.get_column("topic").is_in(pl.Series(labels).implode()).all()
+
+    def failures(self, expected_rows: int) -> list[str]:
+        """Return the failed rules over every batch added, in the order of item_score_failures."""
+        failures = render_cases(self.cases, "item_scores")
+        if self.rows != expected_rows:
+            failures.append(f"item_scores has {self.rows} rows, expected {expected_rows}")
+        ids = pl.concat(self.ids) if self.ids else pl.Series("item_id", [], dtype=pl.String)
+        if ids.n_unique() != self.rows:
+            failures.append("item_scores.item_id is not unique")
+        if not self.all_finite:
+            failures.append("item_scores.embedding has NaN or infinite values")
+        if self.worst_norm > NORM_TOLERANCE:
+            failures.append(f"item_scores.embedding norm off 1 by {self.worst_norm:.2e}")
+        if self.bad_topic_score:
+            failures.append("item_scores.topic_score outside [0, 1]")
+        if self.bad_topic:
+            failures.append("item_scores.topic has a value outside the label set")
+        return failures
+
+
+def item_score_failures(scores: pl.DataFrame | Iterable[pl.DataFrame], labels: list[str], expected_rows: int) -> list[str]:
+    """Return the item_scores rules that fail: pandera row contract, row count, finite unit-norm embeddings.
+
+    ``scores`` may be one frame or batches of it (streamed): item_id uniqueness is checked over all ids.
+    """
+    tally = ItemScoreTally()
+    for batch in [scores] if isinstance(scores, pl.DataFrame) else scores:
+        tally.add(batch, labels)
+    return tally.failures(expected_rows)
 
 
 def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_items: int, k: int) -> list[str]:

@@ -8,11 +8,13 @@ import os
 import posixpath
 import tempfile
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import fsspec
 import polars as pl
 import pyarrow.lib
+import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from nightscore.errors import InputUnreadable
@@ -132,6 +134,67 @@ class Lake:
         if protocol in protocols:  # e.g. inputs in another bucket: same endpoint and credentials
             return self.fs, self.fs._strip_protocol(uri)
         return url_to_fs(uri)
+
+    def iter_frames(self, uri: str, dataset: str = "file", columns: list[str] | None = None,
+                    batch_size: int = 65_536) -> Iterator[pl.DataFrame]:
+        """Yield the Parquet file at uri as frames of at most batch_size rows, streamed (unreadable -> InputUnreadable)."""
+        fs, path = self._fs_path(uri)
+        if not fs.exists(path):
+            raise InputUnreadable(f"{dataset} file {uri}: not found")
+        try:
+            with fs.open(path, "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                names = [c for c in parquet.schema_arrow.names if columns is None or c in columns]
+                for batch in parquet.iter_batches(batch_size=batch_size, columns=names):
+                    yield pl.from_arrow(batch)  # type: ignore[misc]
+        except (pyarrow.lib.ArrowException, OSError, ValueError) as exc:
+            raise InputUnreadable(f"{dataset} file {uri}: not a readable Parquet file ({_first_line(exc)})") from exc
+
+    def parquet_rows(self, uri: str) -> int:
+        """Return the row count of the Parquet file at uri from its footer (no rows read)."""
+        fs, path = self._fs_path(uri)
+        with fs.open(path, "rb") as handle:
+            return pq.ParquetFile(handle).metadata.num_rows
+
+    def write_parquet_frames(self, frames: Iterable[pl.DataFrame], uri: str, schema: pl.Schema | None = None) -> str:
+        """Write frames one row group at a time to uri atomically (local temporary file, then rename or upload); return uri.
+
+        Only one frame is in memory at a time. With no frames, an empty file of ``schema`` is written.
+        """
+        fs, path = self._fs_path(uri)
+        local = "file" in fs.protocol
+        if local:
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        else:
+            handle, tmp = tempfile.mkstemp(suffix=".parquet", prefix="nightscore-")
+            os.close(handle)
+        try:
+            _write_frames(frames, tmp, schema)
+            if local:
+                fs.mv(tmp, path)
+            else:
+                fs.put_file(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return uri
+
+
+def _write_frames(frames: Iterable[pl.DataFrame], path: str, schema: pl.Schema | None) -> None:
+    """Write frames to a local Parquet file, one row group each, cast to the first frame's Arrow schema."""
+    writer = None
+    try:
+        for frame in frames:
+            table = frame.to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema)
+            writer.write_table(table.cast(writer.schema))
+        if writer is None:
+            pl.DataFrame(schema=schema).write_parquet(path)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _first_line(exc: BaseException) -> str:

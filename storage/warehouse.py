@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Statuses of runs that were published once: a flow hook must never overwrite them.
 ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
 RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine")
+Rows = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
 
 
 class QueryResult:
@@ -60,9 +61,9 @@ class Warehouse(ABC):
 
     @abstractmethod
     def publish(
-        self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Callable[[], None] | None = None,
+        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[], None] | None = None,
     ) -> None:
-        """Make run the published one in one transaction, replacing rows of the same run_date."""
+        """Make run the published one in one transaction, replacing rows of the same run_date (tables or Arrow streams)."""
 
     @abstractmethod
     def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
@@ -87,8 +88,8 @@ class Session(Protocol):
     def run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement with ``?`` placeholders; return its rows (none for plain DML)."""
 
-    def insert(self, table: str, rows: pa.Table, columns: list[str]) -> None:
-        """Append rows (only the named columns) to table."""
+    def insert(self, table: str, rows: Rows, columns: list[str]) -> None:
+        """Append rows (only the named columns) to table; a stream is consumed batch by batch."""
 
 
 class SqlWarehouse(Warehouse):
@@ -111,7 +112,7 @@ class SqlWarehouse(Warehouse):
         return quarantine.num_rows
 
     def publish(
-        self, run: dict[str, Any], item_scores: pa.Table, candidates: pa.Table, before_commit: Callable[[], None] | None = None,
+        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Replace run_date's rows with this run's and mark it published, all in one transaction.
 
@@ -271,9 +272,9 @@ class DuckDBSession:
         """Execute one statement; return its rows."""
         return self.con.execute(sql, list(params)).fetchall()
 
-    def insert(self, table: str, rows: pa.Table, columns: list[str]) -> None:
-        """Append rows from Arrow (DuckDB reads the registered table in place)."""
-        self.con.register("_incoming", rows.select(columns))
+    def insert(self, table: str, rows: Rows, columns: list[str]) -> None:
+        """Append rows from Arrow (DuckDB reads the registered table in place, or the stream batch by batch)."""
+        self.con.register("_incoming", rows.select(columns) if isinstance(rows, pa.Table) else rows)
         try:
             self.con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
         finally:

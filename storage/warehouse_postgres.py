@@ -45,13 +45,15 @@ class PostgresSession:
         cursor = self.conn.execute(pg_sql(sql, bind=True), list(params))
         return cursor.fetchall() if cursor.description else []
 
-    def insert(self, table: str, rows: pa.Table, columns: list[str]) -> None:
-        """Append rows with one binary COPY, converting Arrow batches of COPY_BATCH_ROWS at a time."""
+    def insert(self, table: str, rows: pa.Table | pa.RecordBatchReader, columns: list[str]) -> None:
+        """Append rows with one binary COPY, converting Arrow batches of COPY_BATCH_ROWS (or the stream's) at a time."""
         kinds = [kind(table, column) for column in columns]
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
         with self.conn.cursor() as cursor, cursor.copy(statement) as copy:
             copy.set_types([COPY_TYPES[k] for k in kinds])
-            for batch in rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS):
+            batches = rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS) if isinstance(rows, pa.Table) \
+                else (batch.select(columns) for batch in rows)  # a stream: one batch in memory at a time
+            for batch in batches:
                 for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds))):
                     copy.write_row(row)
 

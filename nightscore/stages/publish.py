@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -10,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
 from data_contracts.inputs import INTERACTIONS_CONTRACT, ITEMS_CONTRACT
 from data_contracts.outputs import (
@@ -26,18 +28,31 @@ from storage.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
+BATCH_ROWS = 32_768  # item_scores rows per batch when validating and publishing (x 384 floats: ~50 MB)
 CONTRACT_VERSIONS = ",".join([ITEMS_CONTRACT, INTERACTIONS_CONTRACT, ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT])
 
 
 def validate_outputs(lake: Lake, run: RunContext, settings: Settings, expected_rows: int) -> dict[str, object]:
     """Check item_scores and user_candidates against the output contracts; raise ContractViolation if not."""
-    started = time.perf_counter()
-    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores")
-    enforce(item_score_failures(scores, list(settings.topic_labels), expected_rows), "item_scores")
+    started, uri = time.perf_counter(), run.path("item_scores.parquet")
+    batches = lake.iter_frames(uri, "item_scores", batch_size=BATCH_ROWS)  # embeddings never all at once
+    enforce(item_score_failures(batches, list(settings.topic_labels), expected_rows), "item_scores")
+    n_scores = lake.parquet_rows(uri)
     candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
     interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions", columns=["user_id", "item_id"])
-    enforce(candidate_failures(candidates, interactions, scores.height, settings.top_k), "user_candidates")
-    return {"checked_rows": scores.height + candidates.height, "seconds": time.perf_counter() - started}
+    enforce(candidate_failures(candidates, interactions, n_scores, settings.top_k), "user_candidates")
+    return {"checked_rows": n_scores + candidates.height, "seconds": time.perf_counter() - started}
+
+
+def arrow_stream(lake: Lake, uri: str, dataset: str) -> pa.RecordBatchReader:
+    """Return the Parquet file at uri as an Arrow stream of BATCH_ROWS-row batches, read as it is consumed."""
+    frames = lake.iter_frames(uri, dataset, batch_size=BATCH_ROWS)
+    first = next(frames, None)
+    if first is None:
+        return pa.RecordBatchReader.from_batches(lake.read_parquet(uri, dataset).to_arrow().schema, [])
+    head = first.to_arrow()
+    rest = (batch for frame in frames for batch in frame.to_arrow().to_batches())
+    return pa.RecordBatchReader.from_batches(head.schema, itertools.chain(head.to_batches(), rest))
 
 
 def cache_entries(candidates: pl.DataFrame):
@@ -53,7 +68,7 @@ def publish(
 ) -> dict[str, object]:
     """Publish a run: cache version written (invisible), then one warehouse transaction that switches the cache pointer before commit."""
     started = time.perf_counter()
-    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores")
+    scores_uri = run.path("item_scores.parquet")
     candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
     old_pointer = cache.current()
     if old_pointer == run.run_id:  # resumed after a crash past the switch: the version was complete before it
@@ -66,18 +81,20 @@ def publish(
         fault_point("publish", fault_pause_at, fault_dir)  # the worst moment: cache switched, warehouse not committed
 
     try:
-        warehouse.publish(summary, scores.to_arrow(), candidates.to_arrow(), before_commit=switch_pointer)
+        # DuckDB / COPY consume item_scores batch by batch: the warehouse never gets the whole table at once
+        warehouse.publish(summary, arrow_stream(lake, scores_uri, "item_scores"), candidates.to_arrow(), before_commit=switch_pointer)
     except BaseException:
         _undo_cache(cache, run.run_id, old_pointer)
         raise
     dropped = drop_old_versions(cache)
-    write_partitions(lake, run, {"item_scores": scores, "user_candidates": candidates})
+    # write_partitions takes whole frames: the one place publish still holds item_scores (embeddings) at once
+    write_partitions(lake, run, {"item_scores": lake.read_parquet(scores_uri, "item_scores"), "user_candidates": candidates})
     seconds = time.perf_counter() - started
     stage_seconds = {**json.loads(summary["stage_seconds"]), "publish": round(seconds, 3)}
     finished = datetime.now(timezone.utc)
     wall = (finished - datetime.fromisoformat(run.started_at)).total_seconds()
     warehouse.record_run({"run_id": run.run_id, "finished_at": finished, "wall_seconds": wall, "stage_seconds": json.dumps(stage_seconds)})
-    log.info("published %s: %d item scores, %d users in cache (dropped old versions: %s)", run.run_id, scores.height,
+    log.info("published %s: %d item scores, %d users in cache (dropped old versions: %s)", run.run_id, lake.parquet_rows(scores_uri),
              written, ", ".join(dropped) or "none")
     return {"cache_entries": written, "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
 
