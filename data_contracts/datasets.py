@@ -309,7 +309,8 @@ def validate_dataset(dataset: str, frame: pl.DataFrame, previous: dict[str, floa
             only; the mean, topic-share and coverage checks are left out unless params supply them).
         params: the suite settings.
         docs_dir: a local folder to write this validation's GX Data Docs (HTML) into; its index.html lists
-            this validation only, so give each run its own folder.
+            this validation only, so give each run its own folder. GX writes local files only: for a lake
+            on S3 the caller builds into a temporary folder and copies it (nightscore/stages/contracts.py).
         sample_rows: above this many rows, the per-row expectations (nulls, ranges, uniqueness, norms, the
             mean topic_score) read a deterministic seeded sample of this many rows; row counts and the
             derived frames (topic shares, per-user counts, coverage) always use the full frame. None: no sample.

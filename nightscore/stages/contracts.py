@@ -1,18 +1,20 @@
 """Dataset-level gates (Great Expectations suites) at both ends of a run, against the previous published run.
 
 Each gate validates what the stage wrote (through pandas, whole or a seeded sample above 200k rows),
-writes GX Data Docs under the run's folder (``contracts/docs/<dataset>/index.html``; under
-``<home>/docs/<run_id>/`` when the lake is remote) and the stats the next run compares against
-(``contracts/<dataset>.stats.json``). A failed expectation fails the run with exit code 3.
+writes GX Data Docs under the run's folder (``contracts/docs/<dataset>/index.html``; GX builds them in a
+local temporary folder, then they are copied into the lake, so they land on S3 with an s3:// lake) and the
+stats the next run compares against (``contracts/<dataset>.stats.json``). A failed expectation fails the run
+with exit code 3.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
-from pathlib import Path
+from dataclasses import replace
 
-from data_contracts.datasets import SuiteParams, render_failures, validate_dataset
+from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
 from nightscore.errors import ContractViolation
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
@@ -42,11 +44,23 @@ def previous_stats(lake: Lake, warehouse: Warehouse, dataset: str) -> dict[str, 
     return None if latest is None else lake.read_json(f"{latest[1]}/contracts/{dataset}.stats.json")
 
 
-def docs_dir(lake: Lake, run: RunContext, settings: Settings, dataset: str) -> str:
-    """Return the local folder of a dataset's Data Docs for this run."""
-    if lake.is_local:
-        return str(Path(lake.fs._strip_protocol(run.path(f"contracts/docs/{dataset}"))))
-    return str(Path(settings.home) / "docs" / run.run_id / dataset)
+def docs_uri(lake: Lake, run: RunContext, dataset: str) -> str:
+    """Return the lake folder of a dataset's Data Docs for this run (a plain absolute path on a local lake)."""
+    uri = run.path(f"contracts/docs/{dataset}")
+    return lake.fs._strip_protocol(uri) if lake.is_local else uri
+
+
+def validate_into_lake(lake: Lake, run: RunContext, dataset: str, previous: dict[str, float] | None,
+                       params: SuiteParams) -> DatasetReport:
+    """Validate a run's dataset; build its Data Docs in a local temporary folder, copy them into the lake.
+
+    The report's docs_path is the index.html in the lake.
+    """
+    frame = lake.read_parquet(run.path(FILES[dataset]), dataset)
+    with tempfile.TemporaryDirectory(prefix=f"nightscore-docs-{dataset}-") as local:
+        report = validate_dataset(dataset, frame, previous, params, docs_dir=local)
+        lake.put_dir(local, docs_uri(lake, run, dataset))
+    return replace(report, docs_path=f"{docs_uri(lake, run, dataset)}/index.html")
 
 
 def gate(lake: Lake, warehouse: Warehouse, run: RunContext, settings: Settings, datasets: list[str],
@@ -55,9 +69,7 @@ def gate(lake: Lake, warehouse: Warehouse, run: RunContext, settings: Settings, 
     started, params = time.perf_counter(), suite_params(settings, expected_users)
     docs, versions, failed = {}, {}, []
     for dataset in datasets:
-        frame = lake.read_parquet(run.path(FILES[dataset]), dataset)
-        report = validate_dataset(dataset, frame, previous_stats(lake, warehouse, dataset), params,
-                                  docs_dir=docs_dir(lake, run, settings, dataset))
+        report = validate_into_lake(lake, run, dataset, previous_stats(lake, warehouse, dataset), params)
         lake.write_json(report.statistics, run.path(f"contracts/{dataset}.stats.json"))
         docs[dataset], versions[dataset] = report.docs_path, report.suite_version
         if not report.success:
