@@ -32,7 +32,7 @@ import polars as pl
 import torch
 
 from models.ranker import interaction_weights
-from models.retrieval import Interactions, top_k_items, user_vectors
+from models.retrieval import Interactions, ItemChunks, top_k_items, user_vectors
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _scores(
 
 def evaluate_retrieval(
     item_ids: Sequence[str] | pl.Series,
-    item_vectors: np.ndarray,
+    item_vectors: np.ndarray | ItemChunks,
     interactions: pl.DataFrame,
     weight_fn: WeightFn,
     k: int = 100,
@@ -144,7 +144,8 @@ def evaluate_retrieval(
 
     Args:
         item_ids: one id per row of item_vectors.
-        item_vectors: (n_items, dim) item embeddings as the run uses them (unit rows: scores are cosines).
+        item_vectors: (n_items, dim) item embeddings as the run uses them (unit rows: scores are cosines), or
+            ItemChunks of them (streamed in blocks: the run's way of never holding them all).
         interactions: the log, with columns user_id, item_id, event, ts.
         weight_fn: weights of the training interactions (see run_weights for the run's formula).
         k, holdout, chunk: candidates per user, held-out interactions per user, users per matrix product.
@@ -163,7 +164,8 @@ def evaluate_retrieval(
                         np.asarray(weight_fn(history), dtype=np.float32), users.height)
     relevant = _rows(relevant, users)
     n_relevant = np.bincount(relevant["user_row"].to_numpy(), minlength=users.height)
-    vectors = torch.from_numpy(np.ascontiguousarray(item_vectors, dtype=np.float32))
+    vectors = item_vectors if isinstance(item_vectors, ItemChunks) else torch.from_numpy(
+        np.ascontiguousarray(item_vectors, dtype=np.float32))
     ranked, _ = top_k_items(user_vectors(vectors, seen), vectors, seen, k, chunk)
     popular = _popularity_top_k(np.bincount(train["item_row"].to_numpy(), minlength=index.height), seen, k, chunk)
     recall, ndcg = _scores(ranked, relevant, n_relevant, index.height, k)

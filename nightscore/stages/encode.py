@@ -85,9 +85,16 @@ def plan_shards(lake: Lake, run: RunContext, settings: Settings, previous: pl.Da
             "real_tokens": int(lengths.sum()), "seconds": time.perf_counter() - started}
 
 
+TOKENIZE_CHUNK = 65_536  # texts per encode_batch call: its Encoding objects (ids, offsets, tokens) are freed per chunk
+
+
 def _token_lengths(texts: list[str], max_seq_length: int) -> np.ndarray:
     tokenizer = load_tokenizer(max_seq_length)
-    return np.fromiter((len(e.ids) for e in tokenizer.encode_batch(texts)), dtype=np.int64, count=len(texts))
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        batch = tokenizer.encode_batch(texts[start:start + TOKENIZE_CHUNK])
+        lengths[start:start + len(batch)] = [len(e.ids) for e in batch]
+    return lengths
 
 
 def _shards(items: pl.DataFrame, reused: pl.DataFrame, lengths: np.ndarray, settings: Settings) -> pl.Series:

@@ -36,8 +36,10 @@ def _run_frames(lake: Lake, run: RunContext) -> tuple[pl.DataFrame, pl.DataFrame
 
 def publish_serving_features(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
     """Write the item features and user-topic affinity tables the ranker reads, as of the run's reference time."""
-    items, interactions, scores = _run_frames(lake, run)
-    table = item_features(items, interactions, scores.select("item_id", "topic", "topic_score"), run.reference_time)
+    items = lake.read_parquet(run.path("valid/items.parquet"), "items", columns=["item_id", "created_at"])
+    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions")
+    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores", columns=["item_id", "topic", "topic_score"])
+    table = item_features(items, interactions, scores, run.reference_time)  # no texts, no embeddings
     affinity = user_topic_affinity(interactions, table.select("item_id", "topic"), run.reference_time)
     _write_local(table, settings.serving_root / ITEM_FILE)
     _write_local(affinity, settings.serving_root / USER_FILE)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from models.encoder import get_encoder
 from models.engine import encode_texts
-from models.retrieval import Interactions, candidates_table, interaction_weight_expr, top_k_items, user_vectors
+from models.retrieval import Interactions, ItemChunks, candidates_table, interaction_weight_expr, top_k_items, user_vectors
 from models.retrieval_quality import evaluate_retrieval, run_weights
 from models.topics import topic_scores
 from nightscore.run_context import RunContext
@@ -22,52 +26,143 @@ from storage.lake import Lake
 log = logging.getLogger(__name__)
 
 
+SCORE_BLOCK = 65_536  # item_ids per range of the external sort that orders item_scores
+
+
 def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: list[str]) -> dict[str, object]:
-    """Join shard embeddings with the plan and add zero-shot topics; produces ``item_scores.parquet``."""
+    """Join shard embeddings with the plan and add zero-shot topics; produces ``item_scores.parquet``.
+
+    Streams: shards, reused vectors and plan rows are spilled into item_id ranges of SCORE_BLOCK ids
+    (local scratch files), then each range is joined, sorted, scored and appended to the output, so one
+    range is in memory at a time and the file is ordered by item_id as a whole-table sort would be.
+    """
     started = time.perf_counter()
     encoder = get_encoder(encoder_spec(settings))
-    parts = [lake.read_parquet(uri, "shard") for uri in sorted(shard_uris)]
-    vectors = pl.concat([*parts, lake.read_parquet(run.path("reused.parquet"), "reused")])
-    plan = lake.read_parquet(run.path("plan.parquet"), "plan", columns=["item_id", "content_hash", "token_count"])
-    scored = plan.join(vectors, on="item_id", how="inner", validate="1:1").sort("item_id")
     names = list(settings.topic_labels)
     labels, _ = encode_texts(encoder, [settings.topic_labels[n] for n in names])
+    plan_uri = run.path("plan.parquet")
+    bounds = range_bounds(lake.read_parquet(plan_uri, "plan", columns=["item_id"]).get_column("item_id"))
+    counts = {"plan": 0, "scored": 0}
+    with RangeSpill(bounds) as spill:
+        for uri in [*sorted(shard_uris), run.path("reused.parquet")]:
+            for frame in lake.iter_frames(uri, "shard", columns=["item_id", "embedding"], batch_size=SCORE_BLOCK):
+                spill.add("vectors", frame)
+        for frame in lake.iter_frames(plan_uri, "plan", columns=["item_id", "content_hash", "token_count"], batch_size=SCORE_BLOCK):
+            counts["plan"] += frame.height
+            spill.add("plan", frame)
+        blocks = (_scored_block(spill, r, run, encoder.version, names, labels, settings, counts) for r in range(len(bounds)))
+        lake.write_parquet_frames(blocks, run.path("item_scores.parquet"))
+    return {"rows_scored": counts["scored"], "missing": counts["plan"] - counts["scored"], "seconds": time.perf_counter() - started}
+
+
+def range_bounds(item_ids: pl.Series) -> pl.Series:
+    """Return the first item_id of each range of SCORE_BLOCK sorted ids (never a 1-row last range)."""
+    ordered = item_ids.sort()
+    starts = list(range(0, len(ordered), SCORE_BLOCK))
+    if len(starts) > 1 and len(ordered) - starts[-1] == 1:
+        starts.pop()  # a 1-row matmul takes another BLAS path: keep topic scores bit-identical to one big block
+    return ordered.gather(starts) if starts else pl.Series("item_id", [""], dtype=pl.String)
+
+
+def _scored_block(spill: "RangeSpill", r: int, run: RunContext, version: str, names: list[str], labels: np.ndarray,
+                  settings: Settings, counts: dict[str, int]) -> pl.DataFrame:
+    """Return range r of item_scores: plan rows joined 1:1 with their vectors, sorted by item_id, topics added."""
+    scored = spill.read("plan", r).join(spill.read("vectors", r), on="item_id", how="inner", validate="1:1").sort("item_id")
     best, prob = topic_scores(scored.get_column("embedding").to_numpy(), labels, settings.topic_temperature)
-    frame = scored.select(
+    counts["scored"] += scored.height
+    return scored.select(
         pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), "item_id",
-        pl.lit(encoder.version).alias("model_version"),
+        pl.lit(version).alias("model_version"),
         pl.Series("topic", np.asarray(names)[best], dtype=pl.String), pl.Series("topic_score", prob),
         "token_count", "content_hash", "embedding",
     )
-    lake.write_parquet(frame, run.path("item_scores.parquet"))
-    return {"rows_scored": frame.height, "missing": plan.height - frame.height, "seconds": time.perf_counter() - started}
+
+
+class RangeSpill:
+    """Local scratch Parquet files, one per (kind, item_id range), appended batch by batch and read back whole."""
+
+    def __init__(self, bounds: pl.Series) -> None:
+        self.bounds = bounds
+        self._dir = tempfile.TemporaryDirectory(prefix="nightscore-score-")
+        self._writers: dict[tuple[str, int], pq.ParquetWriter] = {}
+        self._schemas: dict[str, pa.Schema] = {}
+
+    def __enter__(self) -> "RangeSpill":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self._dir.cleanup()
+
+    def add(self, kind: str, frame: pl.DataFrame) -> None:
+        """Append a frame's rows to the files of the ranges their item_ids fall in."""
+        ranges = (self.bounds.search_sorted(frame.get_column("item_id"), side="right") - 1).clip(0, None)
+        for (r,), part in frame.with_columns(ranges.alias("_range")).partition_by("_range", as_dict=True).items():
+            table = part.drop("_range").to_arrow()
+            schema = self._schemas.setdefault(kind, table.schema)
+            key = (kind, int(r))
+            if key not in self._writers:
+                self._writers[key] = pq.ParquetWriter(self._path(*key), schema)
+            self._writers[key].write_table(table.cast(schema))
+
+    def read(self, kind: str, r: int) -> pl.DataFrame:
+        """Return every row spilled into range r of kind (an empty frame when there is none)."""
+        writer = self._writers.pop((kind, r), None)
+        if writer is None:
+            return pl.from_arrow(self._schemas[kind].empty_table()) if kind in self._schemas else pl.DataFrame(
+                schema={"item_id": pl.String})
+        writer.close()
+        return pl.read_parquet(self._path(kind, r))
+
+    def close(self) -> None:
+        """Close every writer still open."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def _path(self, kind: str, r: int) -> str:
+        return str(Path(self._dir.name) / f"{kind}-{r:06d}.parquet")
+
+
+ITEM_BLOCK = 16_384  # item rows per block of the candidate scan: the score block is user_chunk x ITEM_BLOCK
+
+
+def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:
+    """Return item_scores' embeddings as blocks of ITEM_BLOCK rows, read from the lake on each pass."""
+    def read():
+        for frame in lake.iter_frames(uri, "item_scores", columns=["embedding"], batch_size=ITEM_BLOCK):
+            yield frame.get_column("embedding").to_numpy()
+
+    return ItemChunks(n_items, read)
 
 
 def build_candidates(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
-    """Compute user vectors and exact top-K unseen items per user; produces ``user_candidates.parquet``."""
-    started = time.perf_counter()
-    items = lake.read_parquet(run.path("item_scores.parquet"), "item_scores", columns=["item_id", "embedding"])
+    """Compute user vectors and exact top-K unseen items per user; produces ``user_candidates.parquet``.
+
+    Item embeddings stream in blocks (never all at once); only item ids are held whole.
+    """
+    started, uri = time.perf_counter(), run.path("item_scores.parquet")
+    index = lake.read_parquet(uri, "item_scores", columns=["item_id"]).with_row_index("item_row")
     interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions")
-    index = items.select("item_id").with_row_index("item_row")
     users = interactions.select("user_id").unique().sort("user_id").with_row_index("user_row")
     joined = (interactions.join(index, on="item_id").join(users, on="user_id")
               .with_columns(interaction_weight_expr(run.reference_time, settings.event_weights, settings.recency_half_life_days)))
     inter = Interactions(joined["user_row"].to_numpy(), joined["item_row"].to_numpy(), joined["weight"].to_numpy(), users.height)
     device = torch.device("cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
-    item_vecs = torch.from_numpy(np.array(items.get_column("embedding").to_numpy(), dtype=np.float32, copy=True)).to(device)
-    rows, scores = top_k_items(user_vectors(item_vecs, inter), item_vecs, inter, settings.top_k, settings.user_chunk)
+    items = item_chunks(lake, uri, index.height)
+    rows, scores = top_k_items(user_vectors(items, inter).to(device), items, inter, settings.top_k, settings.user_chunk)
     frame = candidates_frame(run, users.get_column("user_id"), index.get_column("item_id"), rows, scores)
     lake.write_parquet(frame, run.path("user_candidates.parquet"))
-    quality = retrieval_quality(items, interactions, settings, run)
+    quality = retrieval_quality(index.get_column("item_id"), items, interactions, settings, run)
     return {"users_with_candidates": frame.get_column("user_id").n_unique(), "candidates": frame.height,
             **quality, "seconds": time.perf_counter() - started}
 
 
-def retrieval_quality(items: pl.DataFrame, interactions: pl.DataFrame, settings: Settings, run: RunContext) -> dict[str, float]:
+def retrieval_quality(item_ids: pl.Series, items: ItemChunks, interactions: pl.DataFrame, settings: Settings,
+                      run: RunContext) -> dict[str, float]:
     """Return recall@K and NDCG@10 of retrieval on each user's last 2 interactions held out, vs popularity."""
-    vectors = np.array(items.get_column("embedding").to_numpy(), dtype=np.float32, copy=True)
     weights = run_weights(run.reference_time, settings.event_weights, settings.recency_half_life_days)
-    q = evaluate_retrieval(items.get_column("item_id").to_list(), vectors, interactions, weights,
+    q = evaluate_retrieval(item_ids.to_list(), items, interactions, weights,
                            k=settings.top_k, holdout=2, chunk=settings.user_chunk)
     log.info("retrieval on held-out interactions (%d users): recall@%d %.3f vs popularity %.3f; NDCG@10 %.3f vs %.3f",
              q.users_evaluated, q.k, q.recall_at_k, q.popularity_recall_at_k, q.ndcg_at_10, q.popularity_ndcg_at_10)

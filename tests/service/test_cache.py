@@ -381,3 +381,21 @@ def test_sqlite_file_from_before_expiry_is_upgraded(tmp_path: Path) -> None:
     with SqliteCache(path, "ns", version_grace_s=60.0) as cache:
         assert cache.read("u0") == ("r1", _payload("r1"))
         assert _publish(cache, "r2") == [] and _publish(cache, "r3") == ["r1"]
+
+
+def test_rollback_twice_reaches_an_expiring_version_and_keeps_it(location: tuple[str, str], tmp_path: Path) -> None:
+    """`nightscore cache rollback` (stages.publish.rollback) on a real DuckDB warehouse, through an expiring version."""
+    from nightscore.stages.publish import drop_old_versions, rollback
+    from storage.warehouse import open_warehouse
+    from tests.storage.test_warehouse import publish as publish_run
+
+    wh = open_warehouse(str(tmp_path / "warehouse.duckdb"), embedding_dim=384)
+    with open_cache(*location, version_grace_s=3600.0) as cache:
+        for day, run_id in enumerate(("r1", "r2", "r3"), start=1):
+            cache.write_version(run_id, _entries(run_id))
+            publish_run(wh, run_id, f"2026-11-0{day}", before_commit=lambda r=run_id: cache.switch_current(r))
+            drop_old_versions(cache)
+        assert None not in _ttls(location, "r1")
+        assert rollback(wh, cache) == ("r3", "r2") and cache.current() == "r2"
+        assert rollback(wh, cache) == ("r2", "r1") and cache.read("u0") == ("r1", _payload("r1"))
+        assert _ttls(location, "r1") == [None] * 20  # current again: it no longer expires
