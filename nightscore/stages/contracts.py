@@ -14,7 +14,9 @@ import tempfile
 import time
 from dataclasses import replace
 
-from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
+import polars as pl
+
+from data_contracts.datasets import DatasetReport, SuiteParams, embedding_norm_expr, render_failures, validate_dataset
 from nightscore.errors import ContractViolation
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
@@ -50,13 +52,23 @@ def docs_uri(lake: Lake, run: RunContext, dataset: str) -> str:
     return lake.fs._strip_protocol(uri) if lake.is_local else uri
 
 
+def suite_frame(lake: Lake, uri: str, dataset: str) -> pl.DataFrame:
+    """Return a dataset as its suite reads it: every row, an embedding replaced by its norm batch by batch.
+
+    The suites need only the norm of each vector, so the O(items x dim) embeddings are never held at once.
+    """
+    frames = [f.with_columns(embedding_norm_expr()).drop("embedding") if "embedding" in f.columns else f
+              for f in lake.iter_frames(uri, dataset)]
+    return pl.concat(frames) if frames else lake.read_parquet(uri, dataset)
+
+
 def validate_into_lake(lake: Lake, run: RunContext, dataset: str, previous: dict[str, float] | None,
                        params: SuiteParams) -> DatasetReport:
     """Validate a run's dataset; build its Data Docs in a local temporary folder, copy them into the lake.
 
     The report's docs_path is the index.html in the lake.
     """
-    frame = lake.read_parquet(run.path(FILES[dataset]), dataset)
+    frame = suite_frame(lake, run.path(FILES[dataset]), dataset)
     with tempfile.TemporaryDirectory(prefix=f"nightscore-docs-{dataset}-") as local:
         report = validate_dataset(dataset, frame, previous, params, docs_dir=local)
         lake.put_dir(local, docs_uri(lake, run, dataset))
