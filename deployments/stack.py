@@ -73,8 +73,9 @@ def server_env(settings: Settings, host: str) -> dict[str, str]:
 
 def worker_env(settings: Settings, api_url: str) -> dict[str, str]:
     """Return the worker's environment: the API URL and an absolute NIGHTSCORE_HOME its flow runs inherit."""
+    # Polling every 2 s instead of Prefect's 10 s cuts the trigger-to-running latency of on-demand runs.
     return {**os.environ, "PREFECT_API_URL": api_url, "NIGHTSCORE_HOME": str(Path(settings.home).resolve()),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2"}
 
 
 def worker_online(pool: str) -> bool:

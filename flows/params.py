@@ -38,7 +38,9 @@ class OnDemandParams(_Params):
 
     items_uri: str | None = Field(None, description="Items Parquet to score; empty = the latest published run's items.")
     interactions_uri: str | None = Field(None, description="Interactions Parquet; empty = the latest published run's interactions.")
-    item_ids: list[str] | None = Field(None, description="Score only these item ids of items_uri (empty = every item).")
+    item_ids: list[str] | None = Field(
+        None, description="Add or replace only these items of items_uri in the latest published catalog and publish "
+        "the whole catalog (unchanged items reuse their vectors). Empty = score items_uri as it is.")
     run_date: date | None = Field(None, description=RUN_DATE_HELP)
     callback_url: HttpUrl | None = Field(None, description=CALLBACK_HELP)
 

@@ -8,7 +8,7 @@ from datetime import date, timedelta
 
 import polars as pl
 
-from nightscore.errors import UsageError
+from nightscore.errors import NightscoreError, UsageError
 from nightscore.run_context import RunContext, run_folder
 from storage.lake import Lake
 from storage.warehouse import Warehouse
@@ -28,33 +28,47 @@ def latest_inputs(lake: Lake, warehouse: Warehouse) -> tuple[str, str]:
     return run.items_uri, run.interactions_uri
 
 
-def narrow_to_items(lake: Lake, items_uri: str, interactions_uri: str, item_ids: list[str]) -> tuple[str, str, int]:
-    """Write the items (and their interactions) of item_ids to the lake; return both URIs and how many ids matched."""
+def merge_items(lake: Lake, base_uri: str | None, source_uri: str, item_ids: list[str]) -> tuple[str, int]:
+    """Write the catalog with item_ids taken from source_uri over base_uri's items; return its URI and how many ids matched.
+
+    The result is a whole catalog (the latest published run's items with the requested ones added or
+    replaced), so an on-demand run for a few items publishes a complete, consistent latest run;
+    unchanged items reuse their published vectors, so only the requested ones are encoded.
+    """
     wanted = sorted({i.strip() for i in item_ids if i.strip()})
-    items = lake.read_parquet(items_uri, "items").filter(pl.col("item_id").cast(pl.String).is_in(wanted))
-    if items.height == 0:
-        raise UsageError(f"none of the {len(wanted)} item ids is in {items_uri}")
-    if items.height < len(wanted):
-        log.warning("%d of %d requested item ids are not in %s", len(wanted) - items.height, len(wanted), items_uri)
-    interactions = lake.read_parquet(interactions_uri, "interactions").filter(
-        pl.col("item_id").cast(pl.String).is_in(wanted))
-    key = hashlib.sha256("\n".join([items_uri, interactions_uri, *wanted]).encode()).hexdigest()[:16]
-    folder = lake.uri("inputs", "on-demand", key)
-    return (lake.write_parquet(items, f"{folder}/items.parquet"),
-            lake.write_parquet(interactions, f"{folder}/interactions.parquet"), items.height)
+    requested = lake.read_parquet(source_uri, "items").filter(pl.col("item_id").cast(pl.String).is_in(wanted))
+    if requested.height == 0:
+        raise UsageError(f"none of the {len(wanted)} item ids is in {source_uri}")
+    if requested.height < len(wanted):
+        log.warning("%d of %d requested item ids are not in %s", len(wanted) - requested.height, len(wanted), source_uri)
+    merged = requested
+    if base_uri is not None:
+        base = lake.read_parquet(base_uri, "items", columns=requested.columns)
+        kept = base.filter(~pl.col("item_id").cast(pl.String).is_in(wanted))
+        merged = pl.concat([kept, requested.select(kept.columns)], how="vertical_relaxed")
+    key = hashlib.sha256("\n".join([base_uri or "", source_uri, *wanted]).encode()).hexdigest()[:16]
+    return lake.write_parquet(merged, lake.uri("inputs", "on-demand", key, "items.parquet")), requested.height
+
+
+def _latest_or_none(lake: Lake, warehouse: Warehouse) -> tuple[str, str] | None:
+    try:
+        return latest_inputs(lake, warehouse)
+    except NightscoreError:  # no warehouse or no published run yet
+        return None
 
 
 def resolve_inputs(lake: Lake, warehouse: Warehouse, items_uri: str | None, interactions_uri: str | None,
                    item_ids: list[str] | None) -> dict[str, object]:
-    """Return the on-demand run's input URIs: given ones, else the latest published run's; narrowed to item_ids."""
-    if not items_uri or not interactions_uri:
-        latest_items, latest_interactions = latest_inputs(lake, warehouse)
-        items_uri, interactions_uri = items_uri or latest_items, interactions_uri or latest_interactions
+    """Return the on-demand run's input URIs: given ones, else the latest published run's; item_ids merged into the catalog."""
+    latest = _latest_or_none(lake, warehouse)
+    if (not items_uri or not interactions_uri) and latest is None:
+        raise UsageError("no published run to take inputs from: give items_uri and interactions_uri")
+    source_items = items_uri or latest[0]  # type: ignore[index]
+    interactions = interactions_uri or latest[1]  # type: ignore[index]
     if not item_ids:
-        return {"items_uri": items_uri, "interactions_uri": interactions_uri, "items_requested": None}
-    items_uri, interactions_uri, matched = narrow_to_items(lake, items_uri, interactions_uri, item_ids)
-    return {"items_uri": items_uri, "interactions_uri": interactions_uri, "items_requested": len(item_ids),
-            "items_matched": matched}
+        return {"items_uri": source_items, "interactions_uri": interactions, "items_requested": None}
+    merged, matched = merge_items(lake, latest[0] if latest else None, source_items, item_ids)
+    return {"items_uri": merged, "interactions_uri": interactions, "items_requested": len(item_ids), "items_matched": matched}
 
 
 def dates_between(start: date, end: date) -> list[str]:
