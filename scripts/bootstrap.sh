@@ -23,4 +23,11 @@ else
 fi
 "${PIP[@]}" install -c requirements.lock -e ".[dev]"
 "$VENV/bin/python" -c "import torch; print('bootstrap: torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
+# The UI test drives Debian's Chromium headless; install it where we may (root with apt), else that test skips.
+if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  echo "bootstrap: installing Debian's chromium for the UI test"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
+    || echo "bootstrap: could not install chromium; the UI test will skip"
+fi
 touch "$STAMP"
