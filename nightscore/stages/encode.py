@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+from tokenizers import Tokenizer
 
 from models.encoder import EncoderSpec, get_encoder, load_tokenizer, spec_version
 from models.engine import encode_texts
@@ -60,41 +62,56 @@ def reusable_vectors(previous: pl.DataFrame | None, version: str, hashes: pl.Ser
             .select("content_hash", "embedding").unique("content_hash", keep="first", maintain_order=True))
 
 
+PLAN_BATCH = 65_536  # valid items per batch: tokenized, hashed and written a batch at a time
+PLAN_SCHEMA = pl.Schema({"item_id": pl.String, "text": pl.String, "content_hash": pl.String,
+                         "token_count": pl.Int32, "shard": pl.Int32})
+
+
 def plan_shards(lake: Lake, run: RunContext, settings: Settings, previous: pl.DataFrame | None) -> dict[str, object]:
     """Tokenize, reuse published vectors of unchanged items, bucket the rest by length and cut shards.
 
     Produces ``plan.parquet`` (every valid item; shard -1 when its vector is reused) and
-    ``reused.parquet`` (item_id, embedding of the reused items).
+    ``reused.parquet`` (item_id, embedding of the reused items). Texts stream in batches of PLAN_BATCH:
+    only ids, hashes and lengths are held for the whole run (the shard cut needs every length).
     """
-    started = time.perf_counter()
-    items = lake.read_parquet(run.path("valid/items.parquet"), "items", columns=["item_id", "text"])
-    items = items.with_columns(content_hash(items.get_column("text")))
+    started, uri = time.perf_counter(), run.path("valid/items.parquet")
+    tokenizer = load_tokenizer(settings.max_seq_length)
+    keys = pl.concat([_plan_keys(batch, tokenizer) for batch in _item_batches(lake, uri)]
+                     or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})])
     version = spec_version(encoder_spec(settings))
-    reuse = reusable_vectors(previous, version, items.get_column("content_hash"))
-    reused = items.join(reuse, on="content_hash", how="inner").select("item_id", "embedding")
-    full = _token_lengths(items.get_column("text").to_list(), settings.max_seq_length)
+    reuse = reusable_vectors(previous, version, keys.get_column("content_hash"))
+    reused = keys.join(reuse, on="content_hash", how="inner").select("item_id", "embedding")
+    full = keys.get_column("full_length").to_numpy()
     lengths = np.minimum(full, settings.max_seq_length)
-    plan = items.with_columns(pl.Series("token_count", lengths, dtype=pl.Int32), _shards(items, reused, lengths, settings))
-    lake.write_parquet(plan, run.path("plan.parquet"))
+    columns = keys.select("content_hash").with_columns(
+        pl.Series("token_count", lengths, dtype=pl.Int32), _shards(keys, reused, lengths, settings))
+    lake.write_parquet_frames(_plan_frames(lake, uri, columns), run.path("plan.parquet"), PLAN_SCHEMA)
     lake.write_parquet(reused, run.path("reused.parquet"))
-    shards = sorted(int(s) for s in plan.get_column("shard").unique() if s >= 0)
+    shards = sorted(int(s) for s in columns.get_column("shard").unique() if s >= 0)
     log.info("plan: %d items, %d reused from published vectors, %d to encode in %d shards",
-             items.height, reused.height, items.height - reused.height, len(shards))
-    return {"shards": shards, "items": items.height, "rows_reused": reused.height, "model_version": version,
-            "rows_computed": items.height - reused.height, "truncated": int((full > settings.max_seq_length).sum()),
+             keys.height, reused.height, keys.height - reused.height, len(shards))
+    return {"shards": shards, "items": keys.height, "rows_reused": reused.height, "model_version": version,
+            "rows_computed": keys.height - reused.height, "truncated": int((full > settings.max_seq_length).sum()),
             "real_tokens": int(lengths.sum()), "seconds": time.perf_counter() - started}
 
 
-TOKENIZE_CHUNK = 65_536  # texts per encode_batch call: its Encoding objects (ids, offsets, tokens) are freed per chunk
+def _item_batches(lake: Lake, uri: str) -> Iterator[pl.DataFrame]:
+    return lake.iter_frames(uri, "items", columns=["item_id", "text"], batch_size=PLAN_BATCH)
 
 
-def _token_lengths(texts: list[str], max_seq_length: int) -> np.ndarray:
-    tokenizer = load_tokenizer(max_seq_length)
-    lengths = np.empty(len(texts), dtype=np.int64)
-    for start in range(0, len(texts), TOKENIZE_CHUNK):
-        batch = tokenizer.encode_batch(texts[start:start + TOKENIZE_CHUNK])
-        lengths[start:start + len(batch)] = [len(e.ids) for e in batch]
-    return lengths
+def _plan_keys(batch: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
+    """Return a batch's (item_id, content_hash, untruncated token count): what planning keeps of every row."""
+    texts = batch.get_column("text")
+    lengths = np.fromiter((len(e.ids) for e in tokenizer.encode_batch(texts.to_list())), dtype=np.int64, count=len(texts))
+    return batch.select("item_id").with_columns(content_hash(texts), pl.Series("full_length", lengths, dtype=pl.Int64))
+
+
+def _plan_frames(lake: Lake, uri: str, columns: pl.DataFrame) -> Iterator[pl.DataFrame]:
+    """Yield plan rows batch by batch: the items' (item_id, text) read again, beside their planned columns."""
+    offset = 0
+    for batch in _item_batches(lake, uri):
+        yield batch.hstack(columns.slice(offset, batch.height))
+        offset += batch.height
 
 
 def _shards(items: pl.DataFrame, reused: pl.DataFrame, lengths: np.ndarray, settings: Settings) -> pl.Series:
