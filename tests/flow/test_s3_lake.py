@@ -18,6 +18,7 @@ from storage.resources import lake_for, warehouse_for
 from tests.servers import s3_bucket, s3_endpoint  # noqa: F401  (fixtures)
 
 RUN_DATE = "2026-11-30"
+NEXT_DATE = "2026-12-01"
 SCORES = "select item_id, model_version, topic, topic_score, token_count, content_hash, embedding from item_scores order by item_id"
 CANDIDATES = "select user_id, rank, item_id, score from user_candidates order by user_id, rank"
 
@@ -86,3 +87,12 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
     for index in docs.values():
         assert index.startswith(f"{s3_bucket}/lake/runs/{RUN_DATE}/") and index.endswith("/index.html")
         assert lake.exists(index)
+
+    # the next night on S3: published vectors reused from the S3 run folder, a second partition beside the first
+    nxt = run_nightly(run_date=NEXT_DATE, items_uri=items_uri, interactions_uri=inter_uri)
+    reused, computed = warehouse_for(load_settings()).query(
+        "select rows_reused, rows_computed from scoring_runs where run_id = ?", [nxt["run_id"]]).rows[0]
+    assert (reused, computed) == (300, 0)
+    with duckdb_lake.connect(lake) as con:
+        per_date = duckdb_lake.read_partitions(con, lake, "user_candidates").aggregate("run_date, count(*)").order("run_date")
+        assert per_date.fetchall() == [(dt.date(2026, 11, 30), 1200), (dt.date(2026, 12, 1), 1200)]
