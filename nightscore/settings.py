@@ -46,16 +46,6 @@ class Settings(BaseSettings):
         None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config."
     )
 
-    # --- lake on S3 --------------------------------------------------------------------------
-    # Only read when lake_url is s3://...; credentials come from the standard AWS variables
-    # (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the AWS config/profile, never from here.
-    s3_endpoint_url: str | None = Field(
-        None, description="S3-compatible endpoint of an s3:// lake (MinIO, moto, ...). Default: AWS_ENDPOINT_URL, else AWS."
-    )
-    s3_region: str | None = Field(
-        None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config."
-    )
-
     # --- cache versions ------------------------------------------------------------------------
     cache_version_grace_s: float = Field(
         86_400, ge=0, description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
