@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import duckdb
 import pyarrow as pa
@@ -58,26 +60,41 @@ def read_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str) -> d
     return con.sql(f"select * from read_parquet({glob}, hive_partitioning = true)")
 
 
-def write_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, rows: pa.Table) -> list[str]:
+def write_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, rows: pa.Table | str) -> list[str]:
     """Write rows as Hive partitions by run_date with DuckDB's COPY; return the partition files' URIs.
 
-    COPY ... PARTITION_BY writes into a staging folder of the lake (through the registered filesystem on S3);
-    each file then moves into place (a rename locally, one server-side copy on S3), so a reader sees a
-    partition's old file or its new one, never half a file. Files of a partition not rewritten are removed.
+    rows: an Arrow table, or the URI of a Parquet file in the lake, which DuckDB then streams from the lake
+    without the rows ever being a Python frame. COPY ... PARTITION_BY writes into a staging folder of the lake
+    (through the registered filesystem on S3); each file then moves into place (a rename locally, one
+    server-side copy on S3), so a reader sees a partition's old file or its new one, never half a file.
+    Files of a rewritten partition that this write did not produce are removed.
     """
-    if PARTITION_COLUMN not in rows.column_names:
-        raise PublishError(f"cannot partition {table}: it has no {PARTITION_COLUMN} column")
     staging = lake.uri(OUTPUTS, STAGING, f"{table}-{uuid.uuid4().hex[:12]}")
     if lake.is_local:  # DuckDB creates the partition folders, not their parents
         lake.fs.makedirs(lake.fs._strip_protocol(lake.uri(OUTPUTS, STAGING)), exist_ok=True)
-    con.register("nightscore_partition_rows", rows)
     try:
-        con.execute(f"COPY nightscore_partition_rows TO {_quote(staging)} (FORMAT parquet, "
-                    f"PARTITION_BY ({PARTITION_COLUMN}), FILENAME_PATTERN 'part-{{i}}', OVERWRITE_OR_IGNORE true)")
+        with _source(con, rows) as source:
+            if PARTITION_COLUMN not in con.sql(f"select * from {source} limit 0").columns:
+                raise PublishError(f"cannot partition {table}: it has no {PARTITION_COLUMN} column")
+            con.execute(f"COPY {source} TO {_quote(staging)} (FORMAT parquet, PARTITION_BY ({PARTITION_COLUMN}), "
+                        "FILENAME_PATTERN 'part-{i}', OVERWRITE_OR_IGNORE true)")
         return _move_into_place(lake, staging, table_uri(lake, table))
     finally:
-        con.unregister("nightscore_partition_rows")
         _remove_tree(lake, staging)
+
+
+@contextmanager
+def _source(con: duckdb.DuckDBPyConnection, rows: pa.Table | str) -> Iterator[str]:
+    """Yield SQL naming rows: a registered Arrow table (unregistered after) or a read_parquet of a URI."""
+    if isinstance(rows, str):
+        yield f"(select * from read_parquet({_quote(rows)}))"
+        return
+    name = f"nightscore_rows_{uuid.uuid4().hex[:8]}"
+    con.register(name, rows)
+    try:
+        yield name
+    finally:
+        con.unregister(name)
 
 
 def _move_into_place(lake: Lake, staging: str, target: str) -> list[str]:

@@ -99,18 +99,19 @@ def publish(
     return {"cache_entries": written, "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
 
 
-def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame]) -> list[str]:
+def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame | str]) -> list[str]:
     """Write published tables as Hive partitions <lake>/outputs/<table>/run_date=YYYY-MM-DD/part-0.parquet.
 
-    Written by DuckDB's COPY ... PARTITION_BY (through the lake's s3fs on S3) and moved into place, so a
-    re-publish of the same date replaces each file whole and engines other than ours (Spark, Trino, DuckDB
-    on S3) read exactly what the warehouse holds.
+    A table is a frame or the URI of its Parquet file in the lake (DuckDB then streams it from the lake, and
+    no frame is held). Written by DuckDB's COPY ... PARTITION_BY (through the lake's s3fs on S3) and moved
+    into place, so a re-publish of the same date replaces each file whole and engines other than ours
+    (Spark, Trino, DuckDB on S3) read exactly what the warehouse holds.
     """
     from storage import duckdb_lake  # imported here: only publication writes partitions
 
     with duckdb_lake.connect(lake) as con:
-        return [uri for table, frame in tables.items()
-                for uri in duckdb_lake.write_partitions(con, lake, table, frame.to_arrow())]
+        return [uri for table, rows in tables.items()
+                for uri in duckdb_lake.write_partitions(con, lake, table, rows if isinstance(rows, str) else rows.to_arrow())]
 
 
 def drop_old_versions(cache: CandidateCache) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from nightscore.errors import InputUnreadable
+from nightscore.errors import InputUnreadable, PublishError
 from nightscore.settings import Settings
 from storage import duckdb_lake
 from storage.lake import Lake
@@ -121,3 +121,17 @@ def test_duckdb_writes_and_reads_hive_partitions(lake: Lake) -> None:
     assert not lake.exists(stale)
     staged = lake.fs._strip_protocol(lake.uri("outputs", duckdb_lake.STAGING))
     assert not lake.fs.exists(staged) or lake.fs.find(staged) == []
+
+
+def test_duckdb_partitions_straight_from_a_lake_file(lake: Lake) -> None:
+    """A run's Parquet file in the lake is partitioned by DuckDB reading it from the lake (no Python frame)."""
+    rows = pl.DataFrame({"run_date": [dt.date(2026, 12, 1)] * 4, "user_id": ["u1", "u1", "u2", "u2"],
+                         "rank": [1, 2, 1, 2], "item_id": ["a", "b", "b", "c"]})
+    source = lake.write_parquet(rows, lake.uri("runs", "2026-12-01", "r9", "user_candidates.parquet"))
+    with duckdb_lake.connect(lake) as con:
+        assert duckdb_lake.write_partitions(con, lake, "user_candidates", source) == [
+            lake.uri("outputs", "user_candidates", "run_date=2026-12-01", "part-0.parquet")]
+        back = duckdb_lake.read_partitions(con, lake, "user_candidates").pl().sort("user_id", "rank")
+    assert back.select(rows.columns).equals(rows)
+    with duckdb_lake.connect(lake) as con, pytest.raises(PublishError, match="no run_date column"):
+        duckdb_lake.write_partitions(con, lake, "user_candidates", rows.drop("run_date").to_arrow())
