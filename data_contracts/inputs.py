@@ -126,24 +126,47 @@ def _valid_utf8() -> pa.Check:
     )
 
 
-def validate_items(raw: pl.DataFrame, rules: InputRules, uri: str) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Return (valid items with a text column, quarantine rows) for a raw items frame."""
+def validate_items(raw: pl.DataFrame, rules: InputRules, uri: str, row_offset: int = 0,
+                   duplicated_ids: pl.Series | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Return (valid items with a text column, quarantine rows) for a raw items frame.
+
+    A batch of a larger file passes its first row's position (``row_offset``) and the ids duplicated
+    anywhere in the file (`duplicated_ids`): a copy whose twin sits in another batch is quarantined
+    with the same rule (``item_id:field_uniqueness``) as copies pandera finds inside the batch.
+    """
     require_columns(raw, REQUIRED_COLUMNS["items"], "items", uri)
-    if raw.height == 0:
+    if raw.height == 0 and row_offset == 0:
         raise InputUnreadable(f"items file {uri}: no rows")
-    frame = conform(raw, ITEM_COLUMNS, "items", uri).with_columns(item_text_expr()).with_row_index(ROW)
-    failures = failing_rows(frame.drop(ROW), items_schema(rules), "items", uri)
+    frame = conform(raw, ITEM_COLUMNS, "items", uri).with_columns(item_text_expr()).with_row_index(ROW, offset=row_offset)
+    failures = failing_rows(frame.drop(ROW), items_schema(rules), "items", uri).with_columns(pl.col(ROW) + row_offset)
+    if duplicated_ids is not None:
+        failures = pl.concat([failures, _duplicates_elsewhere(frame, duplicated_ids)])
     valid, quarantine = split_by_failures(frame, failures, "items", pl.col("item_id"))
     return valid.drop(ROW), quarantine
 
 
+def duplicated_item_ids(item_ids: pl.Series) -> pl.Series:
+    """Return the item_ids that occur more than once (the global pass of the uniqueness rule, on ids only)."""
+    return item_ids.filter(item_ids.is_duplicated()).unique()
+
+
+def _duplicates_elsewhere(frame: pl.DataFrame, duplicated_ids: pl.Series) -> pl.DataFrame:
+    """Return uniqueness failures of rows whose id is duplicated in the file but occurs once in this batch."""
+    once = pl.col("item_id").is_not_null() & ~pl.col("item_id").is_duplicated()
+    rows = frame.filter(once & pl.col("item_id").is_in(duplicated_ids.implode()))
+    return rows.select(pl.col(ROW), pl.lit("item_id:field_uniqueness").alias("rule"), pl.col("item_id").alias("value"))
+
+
 def validate_interactions(
-    raw: pl.DataFrame, valid_item_ids: pl.Series, rules: InputRules, uri: str
+    raw: pl.DataFrame, valid_item_ids: pl.Series, rules: InputRules, uri: str, row_offset: int = 0
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Return (valid interactions, quarantine rows); interactions of unknown items are quarantined."""
+    """Return (valid interactions, quarantine rows); interactions of unknown items are quarantined.
+
+    A batch of a larger file passes its first row's position as ``row_offset`` (row keys of null keys).
+    """
     require_columns(raw, REQUIRED_COLUMNS["interactions"], "interactions", uri)
-    frame = conform(raw, INTERACTION_COLUMNS, "interactions", uri).with_row_index(ROW)
-    failures = failing_rows(frame.drop(ROW), interactions_schema(rules), "interactions", uri)
+    frame = conform(raw, INTERACTION_COLUMNS, "interactions", uri).with_row_index(ROW, offset=row_offset)
+    failures = failing_rows(frame.drop(ROW), interactions_schema(rules), "interactions", uri).with_columns(pl.col(ROW) + row_offset)
     unknown = frame.filter(pl.col("item_id").is_not_null() & ~pl.col("item_id").is_in(valid_item_ids.implode()))
     failures = pl.concat([failures, unknown.select(
         pl.col(ROW), pl.lit("item_id:item_exists").alias("rule"), pl.col("item_id").alias("value"))])

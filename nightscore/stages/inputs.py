@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from datetime import timedelta
 
 import polars as pl
 
 from data_contracts.inputs import (
-    INTERACTION_COLUMNS, ITEM_COLUMNS, InputRules, conform, validate_interactions, validate_items,
+    INTERACTION_COLUMNS, ITEM_COLUMNS, InputRules, conform, duplicated_item_ids, validate_interactions, validate_items,
 )
-from data_contracts.quarantine import require_columns, REQUIRED_COLUMNS
+from data_contracts.quarantine import REQUIRED_COLUMNS, empty_quarantine, require_columns
 from nightscore.demo_data import generate_demo_data
 from nightscore.errors import ContractViolation, InputUnreadable
 from nightscore.run_context import RunContext
@@ -34,53 +35,93 @@ def ensure_demo_inputs(lake: Lake, n_items: int = 2000, n_users: int = 500, seed
     return items_uri, inter_uri
 
 
+INPUT_BATCH = 65_536  # input rows per batch: ingest and the row contracts stream a file this many rows at a time
+
+
 def ingest(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
     """Snapshot both inputs into the run folder with contract types; return their row counts.
 
-    Produces ``ingest/items.parquet`` and ``ingest/interactions.parquet``. A file that cannot be
-    read, is empty, lacks a required column or has a column of an uncoercible type raises
-    InputUnreadable (exit 3) naming the file.
+    Produces ``ingest/items.parquet`` and ``ingest/interactions.parquet``, streamed in batches of
+    INPUT_BATCH rows. A file that cannot be read, is empty, lacks a required column or has a column of
+    an uncoercible type raises InputUnreadable (exit 3) naming the file.
     """
     started = time.perf_counter()
     counts: dict[str, object] = {}
     for dataset, uri, columns in (
         ("items", run.items_uri, ITEM_COLUMNS), ("interactions", run.interactions_uri, INTERACTION_COLUMNS)
     ):
-        raw = lake.read_parquet(uri, dataset, columns=list(columns))
-        require_columns(raw, REQUIRED_COLUMNS[dataset], dataset, uri)
-        if raw.height == 0:
-            raise InputUnreadable(f"{dataset} file {uri}: no rows")
-        lake.write_parquet(conform(raw, columns, dataset, uri), run.path(f"ingest/{dataset}.parquet"))
-        counts[f"{dataset}_in"] = raw.height
+        rows = [0]
+        lake.write_parquet_frames(_conformed(lake, dataset, uri, columns, rows), run.path(f"ingest/{dataset}.parquet"))
+        counts[f"{dataset}_in"] = rows[0]
     counts["seconds"] = time.perf_counter() - started
     fault_point("ingest", settings.fault_pause_at, Path(str(settings.home)) / "faults")
     return counts
 
 
-def validate_inputs(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
-    """Apply the row contracts; write valid rows and quarantine; fail if too much is quarantined.
+def _conformed(lake: Lake, dataset: str, uri: str, columns: dict[str, pl.DataType], rows: list[int]) -> Iterator[pl.DataFrame]:
+    """Yield an input file's batches with contract types, counting rows into rows[0]; empty -> InputUnreadable."""
+    for raw in lake.iter_frames(uri, dataset, columns=list(columns), batch_size=INPUT_BATCH):
+        require_columns(raw, REQUIRED_COLUMNS[dataset], dataset, uri)
+        rows[0] += raw.height
+        yield conform(raw, columns, dataset, uri)
+    if rows[0] == 0:  # no batch at all: the whole (empty) file says which rule it breaks first
+        require_columns(lake.read_parquet(uri, dataset, columns=list(columns)), REQUIRED_COLUMNS[dataset], dataset, uri)
+        raise InputUnreadable(f"{dataset} file {uri}: no rows")
 
-    Produces ``valid/items.parquet``, ``valid/interactions.parquet`` and ``quarantine.parquet``.
+
+def validate_inputs(lake: Lake, run: RunContext, settings: Settings) -> dict[str, object]:
+    """Apply the row contracts batch by batch; write valid rows and quarantine; fail if too much is quarantined.
+
+    Produces ``valid/items.parquet``, ``valid/interactions.parquet`` and ``quarantine.parquet``. Whole-file
+    rules run on ids only: duplicated item_ids (one pass over the id column) and interactions of valid items.
     """
     started = time.perf_counter()
     rules = InputRules(
         not_after=run.reference_time + timedelta(hours=settings.future_tolerance_hours),
         max_text_chars=settings.max_text_chars,
     )
-    items_in = lake.read_parquet(run.path("ingest/items.parquet"), "items")
-    items, q_items = validate_items(items_in, rules, run.items_uri)
-    inter_in = lake.read_parquet(run.path("ingest/interactions.parquet"), "interactions")
-    interactions, q_inter = validate_interactions(inter_in, items.get_column("item_id"), rules, run.interactions_uri)
-    lake.write_parquet(items, run.path("valid/items.parquet"))
-    lake.write_parquet(interactions, run.path("valid/interactions.parquet"))
+    items_uri, inter_uri = run.path("ingest/items.parquet"), run.path("ingest/interactions.parquet")
+    duplicated = duplicated_item_ids(lake.read_parquet(items_uri, "items", columns=["item_id"]).get_column("item_id"))
+    items = _Validated()
+    lake.write_parquet_frames(items.run(lake.iter_frames(items_uri, "items", batch_size=INPUT_BATCH), lambda raw, offset:
+        validate_items(raw, rules, run.items_uri, offset, duplicated), ["item_id"]), run.path("valid/items.parquet"))
+    valid_ids = items.kept["item_id"]
+    inter = _Validated()
+    lake.write_parquet_frames(inter.run(lake.iter_frames(inter_uri, "interactions", batch_size=INPUT_BATCH), lambda raw, offset:
+        validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset), ["user_id"]), run.path("valid/interactions.parquet"))
+    q_items, q_inter = items.quarantine(), inter.quarantine()
     lake.write_parquet(pl.concat([q_items, q_inter]), run.path("quarantine.parquet"))
     counts = {
-        "rows_in": items_in.height, "rows_quarantined": items_in.height - items.height,
-        "interactions_in": inter_in.height, "interactions_quarantined": inter_in.height - interactions.height,
-        "users": interactions.get_column("user_id").n_unique(), "seconds": time.perf_counter() - started,
+        "rows_in": items.rows_in, "rows_quarantined": items.rows_in - items.rows_valid,
+        "interactions_in": inter.rows_in, "interactions_quarantined": inter.rows_in - inter.rows_valid,
+        "users": inter.kept["user_id"].n_unique(), "seconds": time.perf_counter() - started,
     }
     enforce_quarantine_share(counts, settings.quarantine_max_share, q_items, q_inter)
     return counts
+
+
+class _Validated:
+    """Counts, quarantine batches and kept key columns of one dataset validated batch by batch."""
+
+    def __init__(self) -> None:
+        self.rows_in = self.rows_valid = 0
+        self.kept: dict[str, pl.Series] = {}
+        self._quarantine: list[pl.DataFrame] = []
+
+    def run(self, batches: Iterator[pl.DataFrame], validate: Callable[[pl.DataFrame, int], tuple[pl.DataFrame, pl.DataFrame]],
+            keep: list[str]) -> Iterator[pl.DataFrame]:
+        """Yield the valid rows of each batch, keeping quarantine rows and the ``keep`` columns of valid rows."""
+        for raw in batches:
+            valid, quarantine = validate(raw, self.rows_in)
+            self.rows_in, self.rows_valid = self.rows_in + raw.height, self.rows_valid + valid.height
+            self._quarantine.append(quarantine)
+            for name in keep:
+                self.kept[name] = pl.concat([self.kept[name], valid.get_column(name)]) if name in self.kept else valid.get_column(name)
+            yield valid
+
+    def quarantine(self) -> pl.DataFrame:
+        """Return every quarantine row, batch after batch."""
+        return pl.concat(self._quarantine) if self._quarantine else empty_quarantine()
 
 
 def enforce_quarantine_share(counts: dict[str, object], limit: float, q_items: pl.DataFrame, q_inter: pl.DataFrame) -> None:
