@@ -42,8 +42,8 @@ def content_hash(texts: pl.Series) -> pl.Series:
     return pl.Series("content_hash", [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts], dtype=pl.String)
 
 
-def previous_vectors(lake: Lake, warehouse: Warehouse) -> pl.DataFrame | None:
-    """Return (model_version, content_hash, embedding) of the latest published run, or None if there is none."""
+def previous_vectors(lake: Lake, warehouse: Warehouse) -> str | None:
+    """Return the URI of the latest published run's item_scores (its vectors are read in batches), or None if there is none."""
     latest = latest_published_folder(lake, warehouse)
     if latest is None:
         return None
@@ -51,48 +51,68 @@ def previous_vectors(lake: Lake, warehouse: Warehouse) -> pl.DataFrame | None:
     if not lake.exists(uri):
         log.warning("published run %s has no item_scores in the lake (%s): nothing is reused", latest[0], uri)
         return None
-    return lake.read_parquet(uri, "item_scores", columns=["model_version", "content_hash", "embedding"])
+    return uri
 
 
-def reusable_vectors(previous: pl.DataFrame | None, version: str, hashes: pl.Series) -> pl.DataFrame:
-    """Return (content_hash, embedding) of published vectors with the same version and content, one per hash."""
-    if previous is None or previous.height == 0:
-        return pl.DataFrame(schema={"content_hash": pl.String, "embedding": pl.Array(pl.Float32, 384)})
-    return (previous.filter((pl.col("model_version") == version) & pl.col("content_hash").is_in(hashes.implode()))
-            .select("content_hash", "embedding").unique("content_hash", keep="first", maintain_order=True))
+def reusable_vectors(lake: Lake, previous: str | None, version: str, keys: pl.DataFrame) -> Iterator[pl.DataFrame]:
+    """Yield (item_id, embedding) of items whose content has a published vector of the same version, batch by batch.
+
+    The previous item_scores stream in batches; the first vector of each content hash is taken, as before.
+    """
+    if previous is None:
+        return
+    taken = pl.Series("content_hash", [], dtype=pl.String)
+    wanted = keys.get_column("content_hash").implode()
+    for batch in lake.iter_frames(previous, "item_scores", columns=["model_version", "content_hash", "embedding"],
+                                  batch_size=PLAN_BATCH):
+        match = (batch.filter((pl.col("model_version") == version) & pl.col("content_hash").is_in(wanted)
+                              & ~pl.col("content_hash").is_in(taken.implode()))
+                 .select("content_hash", "embedding").unique("content_hash", keep="first", maintain_order=True))
+        taken = pl.concat([taken, match.get_column("content_hash")])
+        yield keys.join(match, on="content_hash", how="inner").select("item_id", "embedding")
 
 
 PLAN_BATCH = 65_536  # valid items per batch: tokenized, hashed and written a batch at a time
 PLAN_SCHEMA = pl.Schema({"item_id": pl.String, "text": pl.String, "content_hash": pl.String,
                          "token_count": pl.Int32, "shard": pl.Int32})
+REUSED_SCHEMA = pl.Schema({"item_id": pl.String, "embedding": pl.Array(pl.Float32, 384)})
 
 
-def plan_shards(lake: Lake, run: RunContext, settings: Settings, previous: pl.DataFrame | None) -> dict[str, object]:
+def plan_shards(lake: Lake, run: RunContext, settings: Settings, previous: str | None) -> dict[str, object]:
     """Tokenize, reuse published vectors of unchanged items, bucket the rest by length and cut shards.
 
     Produces ``plan.parquet`` (every valid item; shard -1 when its vector is reused) and
-    ``reused.parquet`` (item_id, embedding of the reused items). Texts stream in batches of PLAN_BATCH:
-    only ids, hashes and lengths are held for the whole run (the shard cut needs every length).
+    ``reused.parquet`` (item_id, embedding of the reused items). Texts and vectors stream in batches of
+    PLAN_BATCH: only ids, hashes and lengths are held for the whole run (the shard cut needs every length).
+    ``previous`` is `previous_vectors`' URI.
     """
     started, uri = time.perf_counter(), run.path("valid/items.parquet")
     tokenizer = load_tokenizer(settings.max_seq_length)
     keys = pl.concat([_plan_keys(batch, tokenizer) for batch in _item_batches(lake, uri)]
                      or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})])
     version = spec_version(encoder_spec(settings))
-    reuse = reusable_vectors(previous, version, keys.get_column("content_hash"))
-    reused = keys.join(reuse, on="content_hash", how="inner").select("item_id", "embedding")
+    reused_ids: list[pl.Series] = []
+    lake.write_parquet_frames(_keeping_ids(reusable_vectors(lake, previous, version, keys), reused_ids),
+                              run.path("reused.parquet"), REUSED_SCHEMA)
+    reused = pl.DataFrame({"item_id": pl.concat(reused_ids) if reused_ids else pl.Series([], dtype=pl.String)})
     full = keys.get_column("full_length").to_numpy()
     lengths = np.minimum(full, settings.max_seq_length)
     columns = keys.select("content_hash").with_columns(
         pl.Series("token_count", lengths, dtype=pl.Int32), _shards(keys, reused, lengths, settings))
     lake.write_parquet_frames(_plan_frames(lake, uri, columns), run.path("plan.parquet"), PLAN_SCHEMA)
-    lake.write_parquet(reused, run.path("reused.parquet"))
     shards = sorted(int(s) for s in columns.get_column("shard").unique() if s >= 0)
     log.info("plan: %d items, %d reused from published vectors, %d to encode in %d shards",
              keys.height, reused.height, keys.height - reused.height, len(shards))
     return {"shards": shards, "items": keys.height, "rows_reused": reused.height, "model_version": version,
             "rows_computed": keys.height - reused.height, "truncated": int((full > settings.max_seq_length).sum()),
             "real_tokens": int(lengths.sum()), "seconds": time.perf_counter() - started}
+
+
+def _keeping_ids(frames: Iterator[pl.DataFrame], ids: list[pl.Series]) -> Iterator[pl.DataFrame]:
+    """Yield frames unchanged, keeping each one's item_id column in ids."""
+    for frame in frames:
+        ids.append(frame.get_column("item_id"))
+        yield frame
 
 
 def _item_batches(lake: Lake, uri: str) -> Iterator[pl.DataFrame]:
