@@ -125,6 +125,13 @@ class Lake:
         except FileNotFoundError:
             return None
 
+    def write_bytes(self, data: bytes, uri: str) -> str:
+        """Write a small file (a PNG, say) whole and return uri."""
+        fs, path = self._fs_path(uri)
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        fs.pipe_file(path, data)
+        return uri
+
     def _fs_path(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         """Return the filesystem and path of uri: the lake's own for its paths and for URIs of its protocol."""
         if uri.startswith(self.root) or "://" not in uri:
