@@ -32,6 +32,9 @@ class Interactions:
     n_users: int
 
 
+ITEM_BLOCK = 16_384  # default item rows per block: a score block is user chunk x ITEM_BLOCK floats
+
+
 @dataclass(frozen=True)
 class ItemChunks:
     """Item embeddings as consecutive blocks of rows: ``read()`` yields float32 (rows, dim) arrays covering 0..n_items-1."""

@@ -32,7 +32,7 @@ import polars as pl
 import torch
 
 from models.ranker import interaction_weights
-from models.retrieval import Interactions, ItemChunks, top_k_items, user_vectors
+from models.retrieval import ITEM_BLOCK, Interactions, ItemChunks, top_k_items, user_vectors
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,9 @@ def _rows(frame: pl.DataFrame, users: pl.DataFrame) -> pl.DataFrame:
 def _popularity_top_k(counts: np.ndarray, seen: Interactions, k: int, chunk: int) -> np.ndarray:
     """Return the top-k item rows per user by training count, excluding seen items, ties by lower row."""
     # A 1-d "embedding" (user 1, item count) makes top_k_items rank by count with its exact tie rule.
+    # Item blocks: most counts tie at 0, so one block's top-K widens to the whole block, never to every item.
     users = torch.ones((seen.n_users, 1), dtype=torch.float32)
-    items = torch.from_numpy(counts.astype(np.float32)[:, None])
-    rows, _ = top_k_items(users, items, seen, k, chunk)
+    rows, _ = top_k_items(users, ItemChunks.of(counts.astype(np.float32)[:, None], ITEM_BLOCK), seen, k, chunk)
     return rows
 
 

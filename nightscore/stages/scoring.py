@@ -15,7 +15,7 @@ import torch
 
 from models.encoder import get_encoder
 from models.engine import encode_texts
-from models.retrieval import Interactions, ItemChunks, candidates_table, interaction_weight_expr, top_k_items, user_vectors
+from models.retrieval import ITEM_BLOCK, Interactions, ItemChunks, candidates_table, interaction_weight_expr, top_k_items, user_vectors
 from models.retrieval_quality import evaluate_retrieval, run_weights
 from models.topics import topic_scores
 from nightscore.run_context import RunContext
@@ -122,9 +122,6 @@ class RangeSpill:
 
     def _path(self, kind: str, r: int) -> str:
         return str(Path(self._dir.name) / f"{kind}-{r:06d}.parquet")
-
-
-ITEM_BLOCK = 16_384  # item rows per block of the candidate scan: the score block is user_chunk x ITEM_BLOCK
 
 
 def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:
