@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import unmapped
+from prefect.transactions import transaction
 
 from tasks.encode import encode_shard, merge_encode_stats, plan_shards
 from tasks.inputs import ingest, validate_inputs
-from tasks.publish import publish
+from tasks.publish import publish, publish_serving_features, stage_cache
 from tasks.report import report_run
 from tasks.scoring import build_candidates, score_items, validate_outputs
 
@@ -25,6 +26,9 @@ def score_and_publish(run: dict[str, str]) -> dict[str, Any]:
     checked = validate_outputs(run, planned, candidates, validated)
     stages = {"ingest": ingested, "validate": validated, "plan": planned, "encode": encoded,
               "score": scored, "candidates": candidates, "validate_outputs": checked}
-    summary = publish(run, stages, checked)
+    with transaction():  # cache and warehouse publish together: a failing step rolls the other back (on_rollback hooks)
+        staged = stage_cache(run, checked)
+        published = publish(run, stages, staged)
+        summary = publish_serving_features(run, published)
     report_run(run, summary)
     return summary

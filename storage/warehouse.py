@@ -74,6 +74,10 @@ class Warehouse(ABC):
         """Mark the latest published run 'rolled_back'; return (rolled_back_run_id, new_latest_run_id)."""
 
     @abstractmethod
+    def retract(self, run_id: str, message: str, before_commit: Callable[[str | None], None] | None = None) -> str | None:
+        """Mark a published run 'failed' (a later publish step failed); return the run that is latest again."""
+
+    @abstractmethod
     def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
         """Delete the rows of old runs (never the latest published one); return how many runs were pruned."""
 
@@ -163,6 +167,21 @@ class SqlWarehouse(Warehouse):
                 before_commit(newest[1])
         log.info("rolled back %s; latest is %s", newest[0], newest[1])
         return newest[0], newest[1]
+
+    def retract(self, run_id: str, message: str, before_commit: Callable[[str | None], None] | None = None) -> str | None:
+        """Take back a publication whose later steps failed: mark run_id 'failed'; return the run that is latest again.
+
+        ``before_commit`` gets the new latest run_id (None when none is left) inside the transaction, e.g. to
+        switch the cache pointer back. A run that is not published is left alone (nothing to take back).
+        Rows of a same-date run that this publication replaced are gone; its scoring_runs row stays 'replaced'.
+        """
+        with self._transaction() as session:
+            changed = session.run("UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? AND status = 'published' "
+                                  "RETURNING run_id", [message[:1000], run_id])
+            latest = [row[0] for row in session.run(f"{_PUBLISHED} ORDER BY {NEWEST_FIRST} LIMIT 1")]
+            if changed and before_commit is not None:
+                before_commit(latest[0] if latest else None)
+        return latest[0] if latest else None
 
     def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
         """Delete item_scores, user_candidates and quarantine rows of old runs in one transaction.

@@ -62,19 +62,33 @@ def cache_entries(candidates: pl.DataFrame):
         yield user_id, encode_candidates(item_ids, scores)
 
 
-def publish(
-    lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any],
-    fault_pause_at: str | None = None, fault_dir: Path = Path("."),
-) -> dict[str, object]:
-    """Publish a run: cache version written (invisible), then one warehouse transaction that switches the cache pointer before commit."""
-    started = time.perf_counter()
-    scores_uri = run.path("item_scores.parquet")
+def stage_cache(lake: Lake, cache: CandidateCache, run: RunContext) -> dict[str, object]:
+    """Write the run's cache version (invisible to readers until the pointer switches); return its size and the pointer before."""
     candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
     old_pointer = cache.current()
     if old_pointer == run.run_id:  # resumed after a crash past the switch: the version was complete before it
         written = candidates.get_column("user_id").n_unique()
     else:
         written = cache.write_version(run.run_id, cache_entries(candidates))
+    return {"cache_entries": written, "old_pointer": old_pointer}
+
+
+def unstage_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
+    """Undo stage_cache: the pointer back where it was, the run's entries dropped (unless they are current)."""
+    _undo_cache(cache, run_id, old_pointer)
+
+
+def publish(
+    lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any],
+    staged: dict[str, object], fault_pause_at: str | None = None, fault_dir: Path = Path("."),
+) -> dict[str, object]:
+    """Publish a staged run: one warehouse transaction that switches the cache pointer before commit, then the lake partitions.
+
+    A failure before the commit leaves everything as it was; a failure of the partitions after it retracts
+    the publication (warehouse and cache pointer back to the run before) and raises.
+    """
+    started = time.perf_counter()
+    scores_uri = run.path("item_scores.parquet")
 
     def switch_pointer() -> None:
         cache.switch_current(run.run_id)
@@ -82,21 +96,36 @@ def publish(
 
     try:
         # DuckDB / COPY consume item_scores batch by batch: the warehouse never gets the whole table at once
+        candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
         warehouse.publish(summary, arrow_stream(lake, scores_uri, "item_scores"), candidates.to_arrow(), before_commit=switch_pointer)
     except BaseException:
-        _undo_cache(cache, run.run_id, old_pointer)
+        _undo_cache(cache, run.run_id, staged.get("old_pointer"))  # type: ignore[arg-type]
+        raise
+    try:
+        write_partitions(lake, run, {"item_scores": scores_uri, "user_candidates": candidates})
+    except BaseException as exc:
+        retract(warehouse, cache, run.run_id, f"lake partitions failed: {type(exc).__name__}: {exc}")
         raise
     dropped = drop_old_versions(cache)
-    # write_partitions takes whole frames: the one place publish still holds item_scores (embeddings) at once
-    write_partitions(lake, run, {"item_scores": lake.read_parquet(scores_uri, "item_scores"), "user_candidates": candidates})
     seconds = time.perf_counter() - started
     stage_seconds = {**json.loads(summary["stage_seconds"]), "publish": round(seconds, 3)}
     finished = datetime.now(timezone.utc)
     wall = (finished - datetime.fromisoformat(run.started_at)).total_seconds()
     warehouse.record_run({"run_id": run.run_id, "finished_at": finished, "wall_seconds": wall, "stage_seconds": json.dumps(stage_seconds)})
-    log.info("published %s: %d item scores, %d users in cache (dropped old versions: %s)", run.run_id, lake.parquet_rows(scores_uri),
-             written, ", ".join(dropped) or "none")
-    return {"cache_entries": written, "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
+    log.info("published %s: %d item scores, %d users in cache (old versions retiring: %s)", run.run_id, lake.parquet_rows(scores_uri),
+             staged["cache_entries"], ", ".join(dropped) or "none")
+    return {"cache_entries": staged["cache_entries"], "seconds": seconds, "wall_seconds": wall, "stage_seconds": stage_seconds}
+
+
+def retract(warehouse: Warehouse, cache: CandidateCache, run_id: str, reason: str) -> str | None:
+    """Take back a committed publication whose later steps failed: warehouse and cache pointer back to the run before."""
+    def point_back(latest: str | None) -> None:
+        if latest is not None and latest in cache.versions() and cache.current() == run_id:
+            cache.switch_current(latest)
+
+    latest = warehouse.retract(run_id, f"publication retracted: {reason}", before_commit=point_back)
+    log.warning("retracted publication of %s (%s); latest is %s", run_id, reason, latest)
+    return latest
 
 
 def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame | str]) -> list[str]:

@@ -334,6 +334,22 @@ def test_rollback_hook_failure_changes_nothing(wh: Warehouse) -> None:
     assert statuses(wh) == {"r1": "published", "r2": "published"}
 
 
+def test_retract_takes_back_a_publication_and_only_a_published_one(wh: Warehouse) -> None:
+    publish(wh, "r1", date(2026, 11, 29), n=2)
+    publish(wh, "r2", date(2026, 11, 30), n=3)
+    pointed: list[str | None] = []
+    assert wh.retract("r2", "partitions failed", before_commit=pointed.append) == "r1"
+    assert pointed == ["r1"] and one(wh, "select run_id from latest_run") == "r1"
+    assert one(wh, "select count(*) from latest_item_scores") == 2
+    assert statuses(wh) == {"r1": "published", "r2": "failed"}
+    assert "partitions failed" in one(wh, "select message from scoring_runs where run_id = 'r2'")
+    assert wh.retract("r2", "again", before_commit=pointed.append) == "r1" and pointed == ["r1"]  # not published: untouched
+    with pytest.raises(RuntimeError):
+        wh.retract("r1", "boom", before_commit=explode)
+    assert statuses(wh) == {"r1": "published", "r2": "failed"}
+    assert wh.retract("r1", "last one") is None and one(wh, "select count(*) from latest_run") == 0
+
+
 def test_rollback_needs_a_published_run(wh: Warehouse) -> None:
     with pytest.raises(UsageError, match="nothing to roll back to"):
         wh.rollback_latest()
