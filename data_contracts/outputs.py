@@ -81,7 +81,7 @@ class ItemScoreTally:
 
     def add(self, batch: pl.DataFrame, labels: list[str]) -> None:
         """Check one batch (row contract and numeric rules) and keep its ids for the global uniqueness check."""
-        self.cases.append(pandera_cases(batch, item_scores_schema(labels)))
+        self.cases.append(pandera_cases(batch.drop("embedding", strict=False), item_scores_schema(labels)))  # not a contract column
         self.rows += batch.height
         self.ids.append(batch.get_column("item_id"))
         vectors = batch.get_column("embedding").to_numpy() if batch.height else np.zeros((0, 1), np.float32)

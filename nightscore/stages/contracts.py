@@ -52,13 +52,16 @@ def docs_uri(lake: Lake, run: RunContext, dataset: str) -> str:
     return lake.fs._strip_protocol(uri) if lake.is_local else uri
 
 
+SUITE_BATCH = 8_192  # rows per batch: an embedding's norm is computed in float64 lists, ~8x the vectors' bytes
+
+
 def suite_frame(lake: Lake, uri: str, dataset: str) -> pl.DataFrame:
     """Return a dataset as its suite reads it: every row, an embedding replaced by its norm batch by batch.
 
     The suites need only the norm of each vector, so the O(items x dim) embeddings are never held at once.
     """
     frames = [f.with_columns(embedding_norm_expr()).drop("embedding") if "embedding" in f.columns else f
-              for f in lake.iter_frames(uri, dataset)]
+              for f in lake.iter_frames(uri, dataset, batch_size=SUITE_BATCH)]
     return pl.concat(frames) if frames else lake.read_parquet(uri, dataset)
 
 

@@ -26,7 +26,7 @@ from storage.lake import Lake
 log = logging.getLogger(__name__)
 
 
-SCORE_BLOCK = 65_536  # item_ids per range of the external sort that orders item_scores
+SCORE_BLOCK = 16_384  # item_ids per range of the external sort that orders item_scores (~25 MB of vectors)
 
 
 def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: list[str]) -> dict[str, object]:
