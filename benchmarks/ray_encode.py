@@ -45,9 +45,8 @@ class Work:
 
     texts: list[str]
     shards: list[np.ndarray]
-    spec: EncoderSpec
+    spec: EncoderSpec  # the local run's; Ray modes swap in --task-threads threads
     budget: int
-    threads: int  # torch threads of the local run; each Ray task/actor gets 1 CPU and 1 thread
 
 
 @dataclass
@@ -74,7 +73,7 @@ def make_work(args: argparse.Namespace) -> Work:
     lengths = np.array([min(len(e.ids), 256) for e in tokenizer.encode_batch(texts)])
     _, shard_of = assign_shards(lengths, BUCKETS, args.shard_size)
     shards = [np.flatnonzero(shard_of == s) for s in np.unique(shard_of)]
-    return Work(texts, shards, EncoderSpec(args.encoder, "cpu", "fp32", 256, args.threads), 2048, args.threads)
+    return Work(texts, shards, EncoderSpec(args.encoder, "cpu", "fp32", 256, args.threads), 2048)
 
 
 def timed_twice(run: Callable[[], np.ndarray]) -> Timing:
