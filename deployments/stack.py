@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -25,19 +26,21 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def healthy(api_url: str) -> bool:
-    """Return whether the Prefect API answers /health (basic auth from PREFECT_API_AUTH_STRING when set)."""
+def healthy(api_url: str, auth: str | None = None) -> bool:
+    """Return whether the Prefect API answers /health (basic auth "user:password" when given)."""
     request = urllib.request.Request(f"{api_url}/health")
-    auth = os.environ.get("PREFECT_API_AUTH_STRING")
     if auth:
-        import base64
-
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
         with urllib.request.urlopen(request, timeout=2) as response:
             return response.status == 200
     except OSError:
         return False
+
+
+def _auth() -> str | None:
+    """Return the client's basic-auth string, the one Prefect itself reads (PREFECT_API_AUTH_STRING)."""
+    return os.environ.get("PREFECT_API_AUTH_STRING")
 
 
 def _wait(check: Callable[[], bool], proc: subprocess.Popen, what: str, log_file: Path, timeout_s: float) -> None:
@@ -95,18 +98,18 @@ def read_state(settings: Settings) -> dict[str, Any] | None:
 def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> dict[str, Any]:
     """Start a Prefect server, register the deployments, start a worker; return pids and URLs once all are ready."""
     running = read_state(settings)
-    if running and healthy(running["api_url"]):
+    if running and healthy(running["api_url"], _auth()):
         raise StackError(f"nightscore is already up at {running['ui_url']}: run `nightscore down` first")
     home = Path(settings.home).resolve()
     base = f"http://{host}:{settings.prefect_port}"
     api_url = f"{base}/api"
-    if healthy(api_url):
+    if healthy(api_url, _auth()):
         raise StackError(f"something already answers at {api_url}: set NIGHTSCORE_PREFECT_PORT or stop it")
     server = _start([_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.prefect_port)],
                     server_env(settings, host), home / "logs" / "prefect-server.log")
     state = {"server_pid": server.pid, "api_url": api_url, "ui_url": base, "home": str(home)}
     _save(home, state)
-    _wait(lambda: healthy(api_url), server, "Prefect server", home / "logs" / "prefect-server.log", timeout_s)
+    _wait(lambda: healthy(api_url, _auth()), server, "Prefect server", home / "logs" / "prefect-server.log", timeout_s)
     os.environ["PREFECT_API_URL"] = api_url
     from deployments.deploy import deploy_all
 

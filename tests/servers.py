@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+from deployments.stack import healthy
+
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
@@ -36,20 +38,6 @@ def wait_for(check: Callable[[], bool], timeout: float, proc: subprocess.Popen |
         if time.monotonic() > deadline:
             pytest.fail(f"{what} not ready after {timeout}s")
         time.sleep(0.1)
-
-
-def healthy(api_url: str, auth: str | None = None) -> bool:
-    """Return whether the Prefect API at api_url answers /health."""
-    request = urllib.request.Request(f"{api_url}/health")
-    if auth:
-        import base64
-
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @contextmanager

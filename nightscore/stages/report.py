@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import polars as pl
 
 from nightscore import plots as draw
 from nightscore.errors import NightscoreError

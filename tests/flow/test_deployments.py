@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from tests.servers import free_port, prefect_server
+from tests.helpers import demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -72,13 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prefect_database: str) -> It
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a folder with demo inputs: 300 items, 60 users."""
-    from nightscore.demo_data import generate_demo_data
-
-    folder = tmp_path_factory.mktemp("inputs")
-    items, interactions = generate_demo_data(300, 60, seed=4)
-    items.write_parquet(folder / "items.parquet")
-    interactions.write_parquet(folder / "interactions.parquet")
-    return folder
+    return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=4)
 
 
 class Callbacks:

@@ -16,15 +16,6 @@ from storage.resources import cache_for, warehouse_for
 RUN_DATE = "2026-11-30"
 
 
-@pytest.fixture
-def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
-    """Return a home configured for fast flow runs: tiny encoder, small shards, K=20."""
-    monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
-    monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
-    monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
-    return home
-
-
 def write_inputs(folder: Path, items: pl.DataFrame, interactions: pl.DataFrame) -> tuple[str, str]:
     """Write inputs as Parquet and return their paths."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,15 +14,6 @@ from nightscore.settings import load_settings
 from storage.resources import cache_for, lake_for, warehouse_for
 
 
-@pytest.fixture
-def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
-    """Return a home configured for fast flow runs: tiny encoder, small shards, K=20."""
-    monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
-    monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "100")
-    monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
-    return home
-
-
 def inputs(folder: Path, seed: int, run_date: str) -> NightlyParams:
     """Write demo inputs (200 items, 40 users) and return nightly parameters for run_date reading them."""
     items, interactions = generate_demo_data(200, 40, seed=seed)

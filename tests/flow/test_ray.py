@@ -23,6 +23,7 @@ from nightscore.errors import UsageError
 from nightscore.settings import load_settings
 from tasks.runner import build_runner
 from tests.servers import prefect_server
+from tests.helpers import demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -40,13 +41,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a folder with demo inputs: 300 items, 60 users."""
-    from nightscore.demo_data import generate_demo_data
-
-    folder = tmp_path_factory.mktemp("inputs")
-    items, interactions = generate_demo_data(300, 60, seed=11)
-    items.write_parquet(folder / "items.parquet")
-    interactions.write_parquet(folder / "interactions.parquet")
-    return folder
+    return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=11)
 
 
 def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:

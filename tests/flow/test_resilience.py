@@ -24,6 +24,7 @@ import pytest
 from storage.cache import open_cache
 from storage.candidate_payload import decode_candidates
 from tests.servers import prefect_server, wait_for
+from tests.helpers import demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -39,13 +40,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a folder with demo inputs: 300 items, 60 users."""
-    from nightscore.demo_data import generate_demo_data
-
-    folder = tmp_path_factory.mktemp("inputs")
-    items, interactions = generate_demo_data(300, 60, seed=2)
-    items.write_parquet(folder / "items.parquet")
-    interactions.write_parquet(folder / "interactions.parquet")
-    return folder
+    return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=2)
 
 
 def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, items: Path | None = None) -> subprocess.Popen[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -23,24 +22,12 @@ SCORES = "select item_id, model_version, topic, topic_score, token_count, conten
 CANDIDATES = "select user_id, rank, item_id, score from user_candidates order by user_id, rank"
 
 
-@pytest.fixture
-def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
-    """Return a home configured for fast flow runs: tiny encoder, shards of 100, K=20."""
-    monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
-    monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "100")
-    monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
-    return home
-
-
 def run_nightly(**params: Any) -> dict[str, Any]:
-    """Run the nightly flow with the given parameters (as keywords or as its parameters model)."""
+    """Run the nightly flow with NightlyParams built from keyword arguments."""
     from flows.nightly import nightly
+    from flows.params import NightlyParams
 
-    if "params" in inspect.signature(nightly.fn).parameters:
-        from flows.params import NightlyParams
-
-        return nightly(params=NightlyParams(**params))
-    return nightly(**params)
+    return nightly(NightlyParams(**params))
 
 
 def warehouse_frame(sql: str) -> pl.DataFrame:
