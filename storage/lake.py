@@ -150,7 +150,7 @@ class Lake:
             raise InputUnreadable(f"{dataset} file {uri}: not found")
         try:
             with fs.open(path, "rb") as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, pre_buffer=False)  # pre-buffering reads every row group up front
                 names = [c for c in parquet.schema_arrow.names if columns is None or c in columns]
                 for batch in parquet.iter_batches(batch_size=batch_size, columns=names):
                     yield pl.from_arrow(batch)  # type: ignore[misc]
