@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import ContextManager
+import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -25,15 +26,22 @@ def plan_shards(run: dict[str, str], validated: dict[str, object]) -> dict[str, 
     return {**planned, "progress": progress}
 
 
-def gpu_slot(limit: str | None) -> ContextManager[object]:
-    """Return a context holding one slot of the global concurrency limit (nothing when limit is empty).
+@contextmanager
+def gpu_slot(limit: str | None) -> Iterator[None]:
+    """Hold one slot of the global concurrency limit while the block runs (nothing when limit is empty).
 
+    Waiting is logged (visible on the run's page), so a run queued behind another one's shards says why.
     A limit that does not exist on the server does not block (strict=False): `nightscore up` creates it.
     """
     if not limit:
-        return nullcontext()
-    get_run_logger().info("waiting for a slot of global concurrency limit %r (another run may hold it)", limit)
-    return concurrency(limit, occupy=1, strict=False)
+        yield
+        return
+    logger = get_run_logger()
+    logger.info("waiting for a slot of global concurrency limit %r", limit)
+    asked = time.monotonic()
+    with concurrency(limit, occupy=1, strict=False):
+        logger.info("holding a slot of %r after %.1f s", limit, time.monotonic() - asked)
+        yield
 
 
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")

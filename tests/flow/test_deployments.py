@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, Iterator
@@ -118,6 +120,32 @@ def wait_final(api: str, flow_run_id: str) -> tuple[dict[str, Any], float | None
     pytest.fail(f"flow run {flow_run_id} not final after {RUN_TIMEOUT_S}s")
 
 
+@contextmanager
+def holding_gpu_slot(api: str) -> Iterator[None]:
+    """Hold the stack's one gpu concurrency slot (as a competing run would) while the block runs."""
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api}), concurrency("gpu", occupy=1, strict=True):
+        yield
+
+
+def run_logs(api: str, flow_run_id: str) -> list[tuple[datetime, str]]:
+    """Return (timestamp, message) of a flow run's logs from the API."""
+    body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
+    return [(datetime.fromisoformat(log["timestamp"].replace("Z", "+00:00")), log["message"])
+            for log in httpx.post(f"{api}/logs/filter", json=body, timeout=10).json()]
+
+
+def wait_for_log(api: str, flow_run_id: str, text: str, timeout_s: float = 180) -> None:
+    """Wait until a flow run has logged a message containing text."""
+    deadline = time.monotonic() + timeout_s
+    while not any(text in message for _, message in run_logs(api, flow_run_id)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"flow run {flow_run_id} never logged {text!r}")
+        time.sleep(0.5)
+
+
 def warehouse_rows(home: Path, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """Return rows of a read-only query on the stack's DuckDB warehouse."""
     with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
@@ -150,11 +178,17 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
                                       "interactions_uri": str(inputs / "interactions.parquet"),
                                       "run_date": "2026-11-30", "callback_url": callbacks.url}},
             "idempotency_key": "test-rest-1"}
-    first = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
-    again = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
-    assert first.status_code == 201 and again.json()["id"] == first.json()["id"]  # same key: the same run
+    with holding_gpu_slot(api):  # another "run" holds the one gpu slot: this run must wait for it, visibly
+        first = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
+        again = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
+        assert first.status_code == 201 and again.json()["id"] == first.json()["id"]  # same key: the same run
+        wait_for_log(api, first.json()["id"], "waiting for a slot of global concurrency limit 'gpu'")
+        time.sleep(2)
+        released = datetime.now(timezone.utc)
 
     run, latency = wait_final(api, first.json()["id"])
+    held = [at for at, message in run_logs(api, run["id"]) if message.startswith("holding a slot of 'gpu'")]
+    assert held and min(held) >= released  # no shard encoded while the slot was taken
     assert run["state_type"] == "COMPLETED", run["state"]["message"]
     print(f"trigger-to-running latency: {latency:.1f} s")  # noqa: T201 - reported in the issue note
     rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?", [run["id"]])
