@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Statuses of runs that were published once: a flow hook must never overwrite them.
 ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
 RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine")
+DUCKDB_MEMORY_LIMIT = "512MB"  # buffer pool of a write transaction; more spills to disk
 Rows = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
 
 
@@ -303,8 +304,10 @@ class DuckDBSession:
 class DuckDBWarehouse(SqlWarehouse):
     """A DuckDB file; a connection is held only while it is used, with bounded retry on locks."""
 
-    def __init__(self, path: str, embedding_dim: int = 384, lock_retries: int = 8, lock_backoff_s: float = 0.25) -> None:
+    def __init__(self, path: str, embedding_dim: int = 384, lock_retries: int = 8, lock_backoff_s: float = 0.25,
+                 memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
         self.path = path
+        self.memory_limit = memory_limit
         self.embedding_dim = embedding_dim
         self.lock_retries, self.lock_backoff_s = lock_retries, lock_backoff_s
 
@@ -313,6 +316,9 @@ class DuckDBWarehouse(SqlWarehouse):
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         con = self._connect_with_retry(read_only=False)
         try:
+            # DuckDB keeps a transaction's new rows in its buffer pool (default: 80% of RAM); a cap makes a big
+            # publication spill to <file>.tmp instead of holding every embedding of the run in memory.
+            con.execute(f"SET memory_limit = '{self.memory_limit}'")
             for statement in ddl(self.embedding_dim, "duckdb"):
                 con.execute(statement)
             con.execute("BEGIN")
