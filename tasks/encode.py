@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Iterator
 
 from prefect import get_run_logger, task
@@ -26,14 +27,29 @@ def plan_shards(run: dict[str, str], validated: dict[str, object]) -> dict[str, 
     return {**planned, "progress": progress}
 
 
+@lru_cache(maxsize=8)
+def limit_exists(name: str) -> bool:
+    """Return whether the Prefect server has the global concurrency limit (read once per process)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            return False
+    return True
+
+
 @contextmanager
 def gpu_slot(limit: str | None) -> Iterator[None]:
     """Hold one slot of the global concurrency limit while the block runs (nothing when limit is empty).
 
     Waiting is logged (visible on the run's page), so a run queued behind another one's shards says why.
-    A limit that does not exist on the server does not block (strict=False): `nightscore up` creates it.
+    A limit that does not exist on the server is skipped (asked once per process: asking Prefect to
+    acquire a missing limit costs seconds per shard): `nightscore up` / `nightscore deploy` create it.
     """
-    if not limit:
+    if not limit or not limit_exists(limit):
         yield
         return
     logger = get_run_logger()
