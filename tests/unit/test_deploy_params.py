@@ -84,8 +84,9 @@ def test_callback_retries_until_accepted_and_gives_up_without_raising() -> None:
         assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=4, backoff_s=0.01)
     finally:
         server.shutdown()
+        server.server_close()  # the port now refuses connections
     assert len(_Flaky.bodies) == 3 and _Flaky.bodies[-1]["counts"] == {"rows_scored": 5}
-    assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=2, backoff_s=0.01) is False
+    assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=2, backoff_s=0.01, timeout_s=2) is False
 
 
 def test_report_cost_and_markdown() -> None:
