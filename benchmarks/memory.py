@@ -62,6 +62,7 @@ class Result:
     server_peak_mib: float
     stages: dict[str, float] = field(default_factory=dict)
     rc: int = 0
+    tasks: list[tuple[str, float, float]] = field(default_factory=list)  # (task, RSS at its end, max RSS during) MiB
 
 
 def _words(rng: np.random.Generator, topic: np.ndarray, n_words: int) -> pl.Series:
@@ -133,9 +134,20 @@ def _hwm_kib(pid: int) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _poll_children(pid: int, peaks: dict[int, int], done: threading.Event, cap_kib: int) -> None:
-    """Record the peak RSS of every descendant of pid until done is set; kill the run's group above cap_kib."""
+def _rss_kib(pid: int) -> int:
+    """Return a process's current RSS (VmRSS) in KiB, 0 when it is gone."""
+    try:
+        match = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return 0
+    return int(match.group(1)) if match else 0
+
+
+def _poll_children(pid: int, peaks: dict[int, int], done: threading.Event, cap_kib: int,
+                   trace: list[tuple[float, int]]) -> None:
+    """Record the peak RSS of every descendant of pid and the flow's RSS over time until done; kill above cap_kib."""
     while not done.wait(0.2):
+        trace.append((time.perf_counter(), _rss_kib(pid)))
         for child in _descendants(pid):
             peaks[child] = max(peaks.get(child, 0), _hwm_kib(child))
         if _hwm_kib(pid) > cap_kib:  # a shared machine: stop before the kernel's OOM killer picks a victim
@@ -151,6 +163,28 @@ def _stages(stdout: str) -> dict[str, float]:
     return {name: float(value) for name, value in pairs}
 
 
+FINISHED = re.compile(r"prefect\.task_runs \[([\w-]+?)(?:-\w+)?\]: Finished in state")
+
+
+def _tee_stderr(stream, logfile, events: list[tuple[float, str]]) -> None:
+    """Copy the run's stderr to its log; note when each task run finished (for the per-task RSS table)."""
+    for line in stream:
+        logfile.write(line)
+        if match := FINISHED.search(line):
+            events.append((time.perf_counter(), match.group(1)))
+
+
+def per_task_rss(trace: list[tuple[float, int]], events: list[tuple[float, str]]) -> list[tuple[str, float, float]]:
+    """Return (task, RSS at its end, max RSS since the previous task ended) in MiB for each finished task run."""
+    rows, start = [], 0.0
+    for end, name in events:
+        at_end = min(trace, key=lambda tr: abs(tr[0] - end))[1] if trace else 0
+        window = [rss for t, rss in trace if start <= t <= end] + [at_end]
+        rows.append((name, at_end / 1024.0, max(window) / 1024.0))
+        start = end
+    return rows
+
+
 def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, cap_mib: int) -> Result:
     """Generate the inputs of one size and time one nightly run over them in a subprocess."""
     home = root / f"items-{n_items}"
@@ -164,14 +198,20 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
     cmd = [sys.executable, "-c", CLI, "run", "nightly", "--items", str(items_uri), "--interactions", str(inter_uri),
            "--run-date", RUN_DATE, "--home", str(home)]
     peaks: dict[int, int] = {}
+    trace: list[tuple[float, int]] = []
+    events: list[tuple[float, str]] = []
     done = threading.Event()
     started = time.perf_counter()
     with open(home / "run.log", "w") as logfile:
-        proc = subprocess.Popen(cmd, env=env, cwd=repo, stdout=subprocess.PIPE, stderr=logfile, text=True,
+        proc = subprocess.Popen(cmd, env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)  # its own process group, so the cap can stop all of it
-        poller = threading.Thread(target=_poll_children, args=(proc.pid, peaks, done, cap_mib * 1024), daemon=True)
+        poller = threading.Thread(target=_poll_children, args=(proc.pid, peaks, done, cap_mib * 1024, trace),
+                                  daemon=True)
+        tee = threading.Thread(target=_tee_stderr, args=(proc.stderr, logfile, events), daemon=True)
         poller.start()
+        tee.start()
         stdout = proc.stdout.read() if proc.stdout else ""
+        tee.join()
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     done.set()
@@ -180,7 +220,8 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
     rc = os.waitstatus_to_exitcode(status)
     if rc:
         log.error("run over %d items exited %d; see %s", n_items, rc, home / "run.log")
-    return Result(n_items, wall, usage.ru_maxrss / 1024.0, max(peaks.values(), default=0) / 1024.0, _stages(stdout), rc)
+    return Result(n_items, wall, usage.ru_maxrss / 1024.0, max(peaks.values(), default=0) / 1024.0, _stages(stdout), rc,
+                  per_task_rss(trace, events))
 
 
 def table(results: list[Result]) -> str:
@@ -196,6 +237,19 @@ def table(results: list[Result]) -> str:
         ratio = values[-1] / values[0] if len(values) > 1 and values[0] else float("nan")
         cells = "".join(f"{v:>14,.1f}" if isinstance(v, float) else f"{v:>14,}" for v in values)
         lines.append(f"{label:24}{cells}{ratio:>10.2f}")
+    return "\n".join(lines)
+
+
+def task_table(results: list[Result]) -> str:
+    """Return per task run: the flow's RSS when it ended and its max RSS during it (MiB), one pair per size."""
+    lines = [f"{'task run (RSS at end / max during, MiB)':40}" + "".join(f"{r.items:>22,}" for r in results)]
+    names = list(dict.fromkeys(name for r in results for name, _, _ in r.tasks))
+    for name in names:
+        cells = []
+        for r in results:
+            rows = [(end, peak) for n, end, peak in r.tasks if n == name]
+            cells.append(f"{max(e for e, _ in rows):>10,.0f} /{max(p for _, p in rows):>9,.0f}" if rows else f"{'-':>22}")
+        lines.append(f"{name:40}" + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
 
@@ -218,6 +272,7 @@ def main() -> None:
         results.append(run_once(n, args.users, args.root.resolve(), args.shard_size, args.repo.resolve(), args.cap_mib))
         log.info("%d items: %.1fs, flow peak %.0f MiB", n, results[-1].wall_s, results[-1].flow_peak_mib)
     print(table(results))
+    print(task_table(results))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
 

@@ -27,8 +27,21 @@ def configure_runtime(settings: Settings) -> None:
         os.environ.setdefault(name, value)
 
 
+class RunNameFilter(logging.Filter):
+    """Adds ``record.run`` (" [task run name]" or " [flow run name]" from Prefect's run loggers, else "")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return True (keep every record) after setting its ``run`` field."""
+        name = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+        record.run = f" [{name}]" if name else ""
+        return True
+
+
 def configure_logging(verbose: bool = False) -> None:
-    """Send nightscore's logs to stderr at INFO (DEBUG when verbose)."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Send nightscore's logs to stderr at INFO (DEBUG when verbose), naming the Prefect run a record comes from."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s%(run)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RunNameFilter())
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

