@@ -11,9 +11,12 @@ of this run's suite. A placeholder naming an unknown parameter is a `UsageError`
 - ``rows``: the dataset itself (a seeded sample above ``sample_rows``) with derived per-row columns
   (item_scores: ``embedding_norm``) and without nested columns, which GX cannot compare;
 - ``full``: a column-less frame as tall as the whole dataset, so row counts never come from a sample;
-- derived frames computed by polars on the whole dataset: ``topic_shares`` (item_scores: topic, share,
-  previous_share, share_delta), ``per_user`` (user_candidates: user_id, n_candidates) and ``coverage``
+- derived frames computed by polars from whole-dataset aggregates: ``topic_shares`` (item_scores: topic,
+  share, previous_share, share_delta), ``per_user`` (user_candidates: user_id, n_candidates) and ``coverage``
   (user_candidates, one row: n_users, expected_users, user_coverage).
+
+A dataset arrives as a `DatasetView` (data_contracts/dataset_view.py: the sample, the row count and those
+aggregates, gathered in one streaming pass) or as a whole polars frame, which is viewed the same way.
 
 GX reads pandas, not polars or DuckDB: each table is converted with ``to_pandas`` just before it is validated.
 GX itself is imported inside the functions that use it (its import takes ~2 s), so importing this module is cheap.
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from data_contracts.dataset_view import COUNT, DatasetView, view_of
 from data_contracts.inputs import EVENTS
 from nightscore.errors import UsageError
 from nightscore.settings import DEFAULT_TOPIC_LABELS
@@ -56,7 +60,6 @@ DATASETS = ("items", "interactions", "item_scores", "user_candidates")
 PARAM = "$param"
 ROWS, FULL = "rows", "full"
 TOPIC_SHARE = "topic_share:"
-SAMPLE_SEED = 20_261_101  # fixed, so the same frame always yields the same sample
 DOCS_SITE = "nightscore"
 EXAMPLES = 5  # offending values quoted per failure
 # Columns GX quotes next to each offending value, so a failure names the row it found.
@@ -118,16 +121,22 @@ def load_suite_file(dataset: str) -> dict[str, Any]:
     return spec
 
 
-def dataset_stats(dataset: str, frame: pl.DataFrame) -> dict[str, float]:
+def as_view(data: pl.DataFrame | DatasetView, sample_rows: int | None = None) -> DatasetView:
+    """Return data as a DatasetView (a whole frame is viewed with a sample of sample_rows rows)."""
+    return data if isinstance(data, DatasetView) else view_of(data, sample_rows)
+
+
+def dataset_stats(dataset: str, data: pl.DataFrame | DatasetView) -> dict[str, float]:
     """Return the JSON-able stats a later run compares against (row_count, n_users, mean_topic_score, topic_share:<t>)."""
-    stats = {"row_count": float(frame.height)}
-    if dataset in ("interactions", "user_candidates") and "user_id" in frame.columns:
-        stats["n_users"] = float(frame.get_column("user_id").n_unique())
-    if dataset == "item_scores" and frame.height:
-        mean = frame.get_column("topic_score").mean()
+    view = as_view(data)
+    stats = {"row_count": float(view.height)}
+    if dataset in ("interactions", "user_candidates") and "user_id" in view.columns:
+        stats["n_users"] = float(view.user_counts.height)
+    if dataset == "item_scores" and view.height:
+        mean = view.topic_score_mean
         if mean is not None and math.isfinite(mean):
             stats["mean_topic_score"] = float(mean)
-        for topic, share in _shares(frame).iter_rows():
+        for topic, share in _shares(view).iter_rows():
             stats[f"{TOPIC_SHARE}{topic}"] = float(share)
     return stats
 
@@ -202,61 +211,47 @@ def _fill(value: Any, values: dict[str, Any], where: str) -> Any:
     return value
 
 
-def sample_frame(frame: pl.DataFrame, sample_rows: int | None) -> pl.DataFrame:
-    """Return frame, or a seeded sample of sample_rows rows when it is taller (same frame, same sample)."""
-    if sample_rows is None or frame.height <= sample_rows:
-        return frame
-    return frame.sample(n=sample_rows, seed=SAMPLE_SEED)
-
-
-def embedding_norm_expr() -> pl.Expr:
-    """Return the L2 norm of each row's embedding (null for a null embedding, NaN for a NaN component)."""
-    squares = pl.col("embedding").cast(pl.List(pl.Float64)).list.eval(pl.element().pow(2))
-    return squares.list.sum().sqrt().alias("embedding_norm")
-
-
-def _rows(dataset: str, frame: pl.DataFrame, values: dict[str, Any], sample_rows: int | None) -> pl.DataFrame:
-    rows = sample_frame(frame, sample_rows)
-    if dataset == "item_scores" and "embedding" in rows.columns:
-        rows = rows.with_columns(embedding_norm_expr())
+def _rows(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
+    rows = view.rows  # embeddings already replaced by embedding_norm
     return rows.drop([name for name, dtype in rows.schema.items() if dtype.is_nested()])
 
 
-def _shares(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.group_by("topic").agg((pl.len() / frame.height).alias("share")).sort("topic", nulls_last=True)
+def _shares(view: DatasetView) -> pl.DataFrame:
+    shares = (pl.col(COUNT) / view.height).alias("share")
+    return view.topic_counts.select("topic", shares).sort("topic", nulls_last=True)
 
 
-def _topic_shares(dataset: str, frame: pl.DataFrame, values: dict[str, Any], sample_rows: int | None) -> pl.DataFrame:
+def _topic_shares(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
     previous = values.get("previous_topic_shares", {})
     before = pl.DataFrame({"topic": list(previous), "previous_share": list(previous.values())},
                           schema={"topic": pl.String, "previous_share": pl.Float64})
-    joined = _shares(frame).join(before, on="topic", how="full", coalesce=True)
+    joined = _shares(view).join(before, on="topic", how="full", coalesce=True)
     return joined.with_columns(pl.col("share", "previous_share").fill_null(0.0)).with_columns(
         (pl.col("share") - pl.col("previous_share")).abs().alias("share_delta")
     ).sort("share_delta", "topic", descending=[True, False], nulls_last=True)  # worst drift quoted first
 
 
-def _per_user(dataset: str, frame: pl.DataFrame, values: dict[str, Any], sample_rows: int | None) -> pl.DataFrame:
-    return frame.group_by("user_id").agg(pl.len().alias("n_candidates")).sort("user_id", nulls_last=True)
+def _per_user(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
+    return view.user_counts.rename({COUNT: "n_candidates"}).sort("user_id", nulls_last=True)
 
 
-def _coverage(dataset: str, frame: pl.DataFrame, values: dict[str, Any], sample_rows: int | None) -> pl.DataFrame:
-    users, expected = frame.get_column("user_id").drop_nulls().n_unique(), values["expected_users"]
+def _coverage(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
+    users, expected = view.user_counts.get_column("user_id").drop_nulls().len(), values["expected_users"]
     coverage = users / expected if expected else 1.0
     return pl.DataFrame({"n_users": [users], "expected_users": [expected], "user_coverage": [coverage]})
 
 
-Derivation = Callable[[str, pl.DataFrame, dict[str, Any], "int | None"], pl.DataFrame]
+Derivation = Callable[[DatasetView, dict[str, Any]], pl.DataFrame]
 DERIVED: dict[str, Derivation] = {"topic_shares": _topic_shares, "per_user": _per_user, "coverage": _coverage}
 
 
-def _table(table: str, dataset: str, frame: pl.DataFrame, values: dict[str, Any], sample_rows: int | None) -> pd.DataFrame:
+def _table(table: str, view: DatasetView, values: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
     if table == FULL:  # no columns: costs nothing however tall the dataset
-        return pd.DataFrame(index=pd.RangeIndex(frame.height))
+        return pd.DataFrame(index=pd.RangeIndex(view.height))
     derive = _rows if table == ROWS else DERIVED[table]
-    return derive(dataset, frame, values, sample_rows).to_pandas()
+    return derive(view, values).to_pandas()
 
 
 def _context(docs_dir: str | None) -> AbstractDataContext:
@@ -298,40 +293,41 @@ def _validate_table(context: AbstractDataContext, source: PandasDatasource, data
     return definition.run(batch_parameters={"dataframe": data}, result_format=result_format).results
 
 
-def validate_dataset(dataset: str, frame: pl.DataFrame, previous: dict[str, float] | None, params: SuiteParams,
+def validate_dataset(dataset: str, data: pl.DataFrame | DatasetView, previous: dict[str, float] | None, params: SuiteParams,
                      docs_dir: str | None = None, sample_rows: int | None = 200_000) -> DatasetReport:
     """Validate a run's dataset against its suite and the previous successful run's stats.
 
     Args:
         dataset: one of DATASETS.
-        frame: the dataset as written by the run.
+        data: the dataset as written by the run: a whole frame, or its view streamed from the file.
         previous: `dataset_stats` of the previous successful run, or None for a first run (row count >= 1
             only; the mean, topic-share and coverage checks are left out unless params supply them).
         params: the suite settings.
         docs_dir: a local folder to write this validation's GX Data Docs (HTML) into; its index.html lists
             this validation only, so give each run its own folder. GX writes local files only: for a lake
             on S3 the caller builds into a temporary folder and copies it (nightscore/stages/contracts.py).
-        sample_rows: above this many rows, the per-row expectations (nulls, ranges, uniqueness, norms, the
-            mean topic_score) read a deterministic seeded sample of this many rows; row counts and the
-            derived frames (topic shares, per-user counts, coverage) always use the full frame. None: no sample.
+        sample_rows: for a whole frame above this many rows, the per-row expectations (nulls, ranges,
+            uniqueness, norms, the mean topic_score) read a deterministic seeded sample of this many rows;
+            row counts and the derived frames (topic shares, per-user counts, coverage) always use every
+            row. None: no sample. A view carries its own sample.
 
     Returns:
         The report; its statistics are what the next run should receive as previous if this one is published.
     """
-    started, spec = time.perf_counter(), load_suite_file(dataset)
+    started, spec, view = time.perf_counter(), load_suite_file(dataset), as_view(data, sample_rows)
     values = suite_params(previous, params)
     context = _context(docs_dir)
     source = context.data_sources.add_pandas(dataset)
     failures: list[ExpectationFailure] = []
     for table, expectations in suite_expectations(dataset, values).items():
-        data = _table(table, dataset, frame, values, sample_rows)
-        results = _validate_table(context, source, dataset, table, expectations, data, spec["meta"])
+        table_data = _table(table, view, values)
+        results = _validate_table(context, source, dataset, table, expectations, table_data, spec["meta"])
         failures += [_failure(result, table) for result in results if not result.success]
     docs_path = _build_docs(context, docs_dir)
     logger.info("dataset %s: %d rows, %d failed expectation(s), validated in %.2fs",
-                dataset, frame.height, len(failures), time.perf_counter() - started)
+                dataset, view.height, len(failures), time.perf_counter() - started)
     version = str(spec["meta"]["version"])
-    return DatasetReport(dataset, version, not failures, failures, dataset_stats(dataset, frame), docs_path)
+    return DatasetReport(dataset, version, not failures, failures, dataset_stats(dataset, view), docs_path)
 
 
 def _build_docs(context: AbstractDataContext, docs_dir: str | None) -> str | None:

@@ -1,6 +1,7 @@
 """Dataset-level gates (Great Expectations suites) at both ends of a run, against the previous published run.
 
-Each gate validates what the stage wrote (through pandas, whole or a seeded sample above 200k rows),
+Each gate validates what the stage wrote, streamed into a `DatasetView` (a seeded sample above 200k rows
+for the per-row expectations, whole-dataset aggregates for the rest; GX reads pandas),
 writes GX Data Docs under the run's folder (``contracts/docs/<dataset>/index.html``; GX builds them in a
 local temporary folder, then they are copied into the lake, so they land on S3 with an s3:// lake) and the
 stats the next run compares against (``contracts/<dataset>.stats.json``). A failed expectation fails the run
@@ -14,9 +15,9 @@ import tempfile
 import time
 from dataclasses import replace
 
-import polars as pl
 
-from data_contracts.datasets import DatasetReport, SuiteParams, embedding_norm_expr, render_failures, validate_dataset
+from data_contracts.dataset_view import DatasetView, stream_view, view_of
+from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
 from nightscore.errors import ContractViolation
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
@@ -53,16 +54,20 @@ def docs_uri(lake: Lake, run: RunContext, dataset: str) -> str:
 
 
 SUITE_BATCH = 8_192  # rows per batch: an embedding's norm is computed in float64 lists, ~8x the vectors' bytes
+SAMPLE_ROWS = 200_000  # above this many rows, the per-row expectations read a seeded sample
 
 
-def suite_frame(lake: Lake, uri: str, dataset: str) -> pl.DataFrame:
-    """Return a dataset as its suite reads it: every row, an embedding replaced by its norm batch by batch.
+def suite_view(lake: Lake, uri: str, dataset: str) -> DatasetView:
+    """Return a dataset as its suite reads it, streamed: the row sample, the row count and the aggregates.
 
-    The suites need only the norm of each vector, so the O(items x dim) embeddings are never held at once.
+    Only the sample (at most SAMPLE_ROWS rows, embeddings replaced by their norms batch by batch) and a few
+    small tables stay in memory, never the dataset's rows.
     """
-    frames = [f.with_columns(embedding_norm_expr()).drop("embedding") if "embedding" in f.columns else f
-              for f in lake.iter_frames(uri, dataset, batch_size=SUITE_BATCH)]
-    return pl.concat(frames) if frames else lake.read_parquet(uri, dataset)
+    height = lake.parquet_rows(uri)
+    if height == 0:
+        return view_of(lake.read_parquet(uri, dataset), SAMPLE_ROWS)
+    batches = lake.iter_frames(uri, dataset, batch_size=SUITE_BATCH)
+    return stream_view(batches, height, SAMPLE_ROWS)
 
 
 def validate_into_lake(lake: Lake, run: RunContext, dataset: str, previous: dict[str, float] | None,
@@ -71,9 +76,9 @@ def validate_into_lake(lake: Lake, run: RunContext, dataset: str, previous: dict
 
     The report's docs_path is the index.html in the lake.
     """
-    frame = suite_frame(lake, run.path(FILES[dataset]), dataset)
+    view = suite_view(lake, run.path(FILES[dataset]), dataset)
     with tempfile.TemporaryDirectory(prefix=f"nightscore-docs-{dataset}-") as local:
-        report = validate_dataset(dataset, frame, previous, params, docs_dir=local)
+        report = validate_dataset(dataset, view, previous, params, docs_dir=local)
         lake.put_dir(local, docs_uri(lake, run, dataset))
     return replace(report, docs_path=f"{docs_uri(lake, run, dataset)}/index.html")
 

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from data_contracts.dataset_view import view_of
 from data_contracts.datasets import (
     DATASETS,
     DatasetReport,
@@ -19,7 +20,6 @@ from data_contracts.datasets import (
     dataset_stats,
     load_suite_file,
     render_failures,
-    sample_frame,
     suite_expectations,
     suite_params,
     validate_dataset,
@@ -187,7 +187,7 @@ def test_row_count_reads_the_full_frame_when_rows_are_sampled(frames: dict[str, 
     frame = frames["item_scores"]
     report = validate_dataset("item_scores", frame, {"row_count": 100.0}, PARAMS, sample_rows=50)
     assert only_failure(report, "expect_table_row_count_to_be_between", None) == frame.height
-    assert sample_frame(frame, 50).equals(sample_frame(frame, 50)) and sample_frame(frame, 50).height == 50
+    assert view_of(frame, 50).rows.equals(view_of(frame, 50).rows) and view_of(frame, 50).rows.height == 50
 
 
 # --- per-row defects -----------------------------------------------------------------------------------
