@@ -14,7 +14,9 @@ the flow runs in that process). Prefect's temporary API server runs in a child p
 (VmHWM, polled every 0.2 s over the process tree) is reported in its own column and not added.
 A run whose flow process passes ``--cap-mib`` is killed (exit -9 in the table; its peak is then
 "above the cap"), so a shared machine never meets the kernel's OOM killer.
-Prints one side-by-side table with per-stage seconds from the run summary and the ratios last/first.
+Prints one side-by-side table with per-stage seconds from the run summary and the ratios last/first, then
+one of RSS per task run: the flow's RSS when each task run ended and its highest RSS during it (from the
+0.2 s samples and the "[task run name]: Finished in state" log lines), so a peak names its stage.
 
     python benchmarks/memory.py [--sizes 100000 1000000] [--users 2000] [--root bench-results/memory]
                                 [--shard-size 16384] [--repo CHECKOUT] [--cap-mib 12000] [--json OUT]
@@ -125,29 +127,25 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _status_kib(pid: int, field: str) -> int:
+    """Return a /proc/<pid>/status memory field (VmHWM: peak RSS so far, VmRSS: RSS now) in KiB, 0 when gone."""
+    try:
+        match = re.search(rf"{field}:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return 0
+    return int(match.group(1)) if match else 0
+
+
 def _hwm_kib(pid: int) -> int:
-    """Return a process's peak RSS so far (VmHWM) in KiB, 0 when it is gone."""
-    try:
-        match = re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return 0
-    return int(match.group(1)) if match else 0
-
-
-def _rss_kib(pid: int) -> int:
-    """Return a process's current RSS (VmRSS) in KiB, 0 when it is gone."""
-    try:
-        match = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return 0
-    return int(match.group(1)) if match else 0
+    """Return a process's peak RSS so far in KiB."""
+    return _status_kib(pid, "VmHWM")
 
 
 def _poll_children(pid: int, peaks: dict[int, int], done: threading.Event, cap_kib: int,
                    trace: list[tuple[float, int]]) -> None:
     """Record the peak RSS of every descendant of pid and the flow's RSS over time until done; kill above cap_kib."""
     while not done.wait(0.2):
-        trace.append((time.perf_counter(), _rss_kib(pid)))
+        trace.append((time.perf_counter(), _status_kib(pid, "VmRSS")))
         for child in _descendants(pid):
             peaks[child] = max(peaks.get(child, 0), _hwm_kib(child))
         if _hwm_kib(pid) > cap_kib:  # a shared machine: stop before the kernel's OOM killer picks a victim
