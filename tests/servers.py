@@ -41,6 +41,25 @@ def wait_for(check: Callable[[], bool], timeout: float, proc: subprocess.Popen |
 
 
 @contextmanager
+def serving(args: list[str], env: dict[str, str] | None, log_path: Path, ready: Callable[[], bool], timeout: float,
+            what: str, stop_timeout: float) -> Iterator[subprocess.Popen]:
+    """Start a server in its own process group (output to log_path), wait until ready(); SIGTERM the group after
+    (SIGKILL past stop_timeout)."""
+    log = open(log_path, "ab")
+    server = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(ready, timeout, server, what)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+@contextmanager
 def prefect_server(home: Path, database_url: str | None = None, auth: str | None = None,
                    ui: bool = False) -> Iterator[str]:
     """Start `prefect server start` on a free loopback port; yield its API URL; stop it after.
@@ -57,20 +76,10 @@ def prefect_server(home: Path, database_url: str | None = None, auth: str | None
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     if auth:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth
-    log = open(home / "server.log", "ab")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
-    try:
-        wait_for(lambda: healthy(url, auth), 180, server, "Prefect server")
+    with serving([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, home / "server.log",
+                 lambda: healthy(url, auth), 180, "Prefect server", stop_timeout=30):
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
 
 
 # --- S3 (moto_server) ---------------------------------------------------------------------------
@@ -94,20 +103,10 @@ def http_answers(url: str) -> bool:
 def moto_s3(log_dir: Path) -> Iterator[str]:
     """Start `moto_server` (an S3-compatible server) on a free loopback port; yield its endpoint URL; stop it after."""
     port = free_port()
-    log = open(log_dir / "moto_server.log", "ab")
-    server = subprocess.Popen([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
     endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_answers(endpoint), 60, server, "moto_server")
+    with serving([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], None, log_dir / "moto_server.log",
+                 lambda: http_answers(endpoint), 60, "moto_server", stop_timeout=15):
         yield endpoint
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
 
 
 def s3_environment(endpoint: str, home: Path) -> dict[str, str]:

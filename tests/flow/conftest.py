@@ -1,10 +1,14 @@
-"""Fixtures of the flow tier: a fast in-process configuration and demo input folders."""
+"""Fixtures of the flow tier: a fast in-process configuration, and a real Prefect server per module for the
+modules that run the `nightscore` CLI in subprocesses."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from tests import servers
 
 
 @pytest.fixture
@@ -14,3 +18,10 @@ def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> P
     monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
     monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
     return home
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
+    with servers.prefect_server(tmp_path_factory.mktemp("prefect")) as url:
+        yield url

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 import pytest
@@ -22,20 +21,12 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from nightscore.errors import UsageError
 from nightscore.settings import load_settings
 from tasks.runner import build_runner
-from tests.servers import prefect_server
 from tests.helpers import demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
 WORKER_SHARD = re.compile(r"\(encode-shard pid=(\d+)\).*? shard (\d+): \d+ texts")
 WORKER_LOAD = re.compile(r"\(encode-shard pid=(\d+)\).*? loaded tiny-bert-random")
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
-    with prefect_server(tmp_path_factory.mktemp("prefect")) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 import numpy as np
@@ -23,18 +22,11 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_candidates
-from tests.servers import prefect_server, wait_for
+from tests.servers import wait_for
 from tests.helpers import demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
-    with prefect_server(tmp_path_factory.mktemp("prefect")) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
