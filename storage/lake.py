@@ -9,6 +9,7 @@ import posixpath
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
@@ -65,32 +66,35 @@ class Lake:
 
     def write_parquet(self, frame: pl.DataFrame, uri: str) -> str:
         """Write frame to uri atomically (temporary name, then rename; on S3 one upload of a finished file) and return uri."""
-        fs, path = self._fs_path(uri)
-        if "file" not in fs.protocol:
-            return self._upload_parquet(frame, fs, path, uri)
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            with fs.open(tmp, "wb") as handle:
-                frame.write_parquet(handle)
-            fs.mv(tmp, path)
-        finally:
-            if fs.exists(tmp):
-                fs.rm(tmp)
+        with self._staged_file(uri) as tmp:
+            frame.write_parquet(tmp)
         return uri
 
-    @staticmethod
-    def _upload_parquet(frame: pl.DataFrame, fs: fsspec.AbstractFileSystem, path: str, uri: str) -> str:
-        """Write frame to a local temporary file, then upload it whole (a failed upload leaves no object)."""
-        # Not fs.open("wb"): closing a remote file on an exception would commit the part written so far.
-        handle, tmp = tempfile.mkstemp(suffix=".parquet", prefix="nightscore-")
-        os.close(handle)
+    @contextmanager
+    def _staged_file(self, uri: str) -> Iterator[str]:
+        """Yield a local temporary path to write uri's file into; once written, it becomes uri whole.
+
+        Local: a temporary name beside the target, then a rename. Remote: a local temporary file, then one
+        upload (not fs.open("wb"): closing a remote file on an exception would commit the part written so far).
+        A failed write leaves no file at uri.
+        """
+        fs, path = self._fs_path(uri)
+        local = "file" in fs.protocol
+        if local:
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        else:
+            handle, tmp = tempfile.mkstemp(suffix=".parquet", prefix="nightscore-")
+            os.close(handle)
         try:
-            frame.write_parquet(tmp)
-            fs.put_file(tmp, path)
+            yield tmp
+            if local:
+                fs.mv(tmp, path)
+            else:
+                fs.put_file(tmp, path)
         finally:
-            os.unlink(tmp)
-        return uri
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def put_dir(self, local_dir: str | Path, uri: str) -> list[str]:
         """Copy every file under a local folder to the folder uri (same relative paths); return their URIs."""
@@ -168,23 +172,8 @@ class Lake:
 
         Only one frame is in memory at a time. With no frames, an empty file of ``schema`` is written.
         """
-        fs, path = self._fs_path(uri)
-        local = "file" in fs.protocol
-        if local:
-            fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        else:
-            handle, tmp = tempfile.mkstemp(suffix=".parquet", prefix="nightscore-")
-            os.close(handle)
-        try:
+        with self._staged_file(uri) as tmp:
             _write_frames(frames, tmp, schema)
-            if local:
-                fs.mv(tmp, path)
-            else:
-                fs.put_file(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         return uri
 
 
