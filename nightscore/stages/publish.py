@@ -73,11 +73,6 @@ def stage_cache(lake: Lake, cache: CandidateCache, run: RunContext) -> dict[str,
     return {"cache_entries": written, "old_pointer": old_pointer}
 
 
-def unstage_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
-    """Undo stage_cache: the pointer back where it was, the run's entries dropped (unless they are current)."""
-    _undo_cache(cache, run_id, old_pointer)
-
-
 def publish(
     lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunContext, summary: dict[str, Any],
     staged: dict[str, object], fault_pause_at: str | None = None, fault_dir: Path = Path("."),
@@ -99,7 +94,7 @@ def publish(
         candidates = lake.read_parquet(run.path("user_candidates.parquet"), "user_candidates")
         warehouse.publish(summary, arrow_stream(lake, scores_uri, "item_scores"), candidates.to_arrow(), before_commit=switch_pointer)
     except BaseException:
-        _undo_cache(cache, run.run_id, staged.get("old_pointer"))  # type: ignore[arg-type]
+        unstage_cache(cache, run.run_id, staged.get("old_pointer"))  # type: ignore[arg-type]
         raise
     try:
         write_partitions(lake, run, {"item_scores": scores_uri, "user_candidates": candidates})
@@ -132,9 +127,9 @@ def write_partitions(lake: Lake, run: RunContext, tables: dict[str, pl.DataFrame
     """Write published tables as Hive partitions <lake>/outputs/<table>/run_date=YYYY-MM-DD/part-0.parquet.
 
     A table is a frame or the URI of its Parquet file in the lake (DuckDB then streams it from the lake, and
-    no frame is held). Written by DuckDB's COPY ... PARTITION_BY (through the lake's s3fs on S3) and moved
-    into place, so a re-publish of the same date replaces each file whole and engines other than ours
-    (Spark, Trino, DuckDB on S3) read exactly what the warehouse holds.
+    no frame is held). Written by DuckDB's COPY, one file per run_date (through the lake's s3fs on S3; see
+    storage/duckdb_lake.py), and moved into place, so a re-publish of the same date replaces each file whole
+    and engines other than ours (Spark, Trino, DuckDB on S3) read exactly what the warehouse holds.
     """
     from storage import duckdb_lake  # imported here: only publication writes partitions
 
@@ -158,8 +153,8 @@ def rollback(warehouse: Warehouse, cache: CandidateCache) -> tuple[str, str | No
     return warehouse.rollback_latest(before_commit=switch)
 
 
-def _undo_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
-    """Put the cache back as it was before a failed publication (pointer and the unpublished entries)."""
+def unstage_cache(cache: CandidateCache, run_id: str, old_pointer: str | None) -> None:
+    """Undo stage_cache after a failure: the pointer back where it was, the run's entries dropped (unless current)."""
     if old_pointer is not None and cache.current() == run_id:
         cache.switch_current(old_pointer)
     if cache.current() != run_id:
