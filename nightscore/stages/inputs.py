@@ -85,7 +85,7 @@ def validate_inputs(lake: Lake, run: RunContext, settings: Settings) -> dict[str
     items = _Validated()
     lake.write_parquet_frames(items.run(lake.iter_frames(items_uri, "items", batch_size=INPUT_BATCH), lambda raw, offset:
         validate_items(raw, rules, run.items_uri, offset, duplicated), ["item_id"]), run.path("valid/items.parquet"))
-    valid_ids = items.kept["item_id"]
+    valid_ids = items.kept("item_id")
     inter = _Validated()
     lake.write_parquet_frames(inter.run(lake.iter_frames(inter_uri, "interactions", batch_size=INPUT_BATCH), lambda raw, offset:
         validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset), ["user_id"]), run.path("valid/interactions.parquet"))
@@ -94,7 +94,7 @@ def validate_inputs(lake: Lake, run: RunContext, settings: Settings) -> dict[str
     counts = {
         "rows_in": items.rows_in, "rows_quarantined": items.rows_in - items.rows_valid,
         "interactions_in": inter.rows_in, "interactions_quarantined": inter.rows_in - inter.rows_valid,
-        "users": inter.kept["user_id"].n_unique(), "seconds": time.perf_counter() - started,
+        "users": inter.kept("user_id").n_unique(), "seconds": time.perf_counter() - started,
     }
     enforce_quarantine_share(counts, settings.quarantine_max_share, q_items, q_inter)
     return counts
@@ -105,7 +105,7 @@ class _Validated:
 
     def __init__(self) -> None:
         self.rows_in = self.rows_valid = 0
-        self.kept: dict[str, pl.Series] = {}
+        self._kept: dict[str, list[pl.Series]] = {}
         self._quarantine: list[pl.DataFrame] = []
 
     def run(self, batches: Iterator[pl.DataFrame], validate: Callable[[pl.DataFrame, int], tuple[pl.DataFrame, pl.DataFrame]],
@@ -116,8 +116,12 @@ class _Validated:
             self.rows_in, self.rows_valid = self.rows_in + raw.height, self.rows_valid + valid.height
             self._quarantine.append(quarantine)
             for name in keep:
-                self.kept[name] = pl.concat([self.kept[name], valid.get_column(name)]) if name in self.kept else valid.get_column(name)
+                self._kept.setdefault(name, []).append(valid.get_column(name))
             yield valid
+
+    def kept(self, name: str) -> pl.Series:
+        """Return a kept column of every valid row, batch after batch (concatenated once)."""
+        return pl.concat(self._kept[name])
 
     def quarantine(self) -> pl.DataFrame:
         """Return every quarantine row, batch after batch."""
