@@ -1,22 +1,23 @@
 """Dataset-level contracts (Great Expectations 1.x): one versioned suite per dataset, checked against the last run.
 
+Row-level rules (nulls, ranges, sets, uniqueness, unit-norm embeddings, ranks) are the pandera contracts'
+(data_contracts/inputs.py, outputs.py); these suites check what no single row can tell: the dataset's size
+against the previous successful run, the mean topic_score and each topic's share against it, and the share of
+users served. Each rule lives in one place.
+
 Suites are JSON files in ``data_contracts/suites/`` in GX's suite shape (``name``, ``meta.version``,
 ``expectations``). Run-dependent values are placeholders ``{"$param": "<name>"}`` filled from
 `suite_params` (settings plus the previous successful run's `dataset_stats`); an expectation whose
 ``meta.requires`` names a parameter this run lacks (no previous run, no expected user count) is left out
 of this run's suite. A placeholder naming an unknown parameter is a `UsageError`, never a silent skip.
 
-``meta.table`` says which frame an expectation reads (default ``rows``):
+``meta.table`` says which table an expectation reads, each built by polars from a `DatasetView`'s aggregates
+(data_contracts/dataset_view.py, gathered while the stage streamed the dataset for its row contracts):
 
-- ``rows``: the dataset itself (a seeded sample above ``sample_rows``) with derived per-row columns
-  (item_scores: ``embedding_norm``) and without nested columns, which GX cannot compare;
-- ``full``: a column-less frame as tall as the whole dataset, so row counts never come from a sample;
-- derived frames computed by polars from whole-dataset aggregates: ``topic_shares`` (item_scores: topic,
-  share, previous_share, share_delta), ``per_user`` (user_candidates: user_id, n_candidates) and ``coverage``
-  (user_candidates, one row: n_users, expected_users, user_coverage).
-
-A dataset arrives as a `DatasetView` (data_contracts/dataset_view.py: the sample, the row count and those
-aggregates, gathered in one streaming pass) or as a whole polars frame, which is viewed the same way.
+- ``full``: a column-less frame as tall as the whole dataset (the row count);
+- ``summary`` (item_scores, one row: mean_topic_score);
+- ``topic_shares`` (item_scores: topic, share, previous_share, share_delta);
+- ``coverage`` (user_candidates, one row: n_users, expected_users, user_coverage).
 
 GX reads pandas, not polars or DuckDB: each table is converted with ``to_pandas`` just before it is validated.
 GX itself is imported inside the functions that use it (its import takes ~2 s), so importing this module is cheap.
@@ -29,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ import polars as pl
 from data_contracts.dataset_view import COUNT, DatasetView, view_of
 from data_contracts.inputs import EVENTS
 from nightscore.errors import UsageError
-from nightscore.settings import DEFAULT_TOPIC_LABELS
+from nightscore.settings import DEFAULT_TOPIC_LABELS, Settings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,15 +58,12 @@ logger = logging.getLogger(__name__)
 SUITES_DIR = Path(__file__).with_name("suites")
 DATASETS = ("items", "interactions", "item_scores", "user_candidates")
 PARAM = "$param"
-ROWS, FULL = "rows", "full"
+FULL = "full"
 TOPIC_SHARE = "topic_share:"
 DOCS_SITE = "nightscore"
 EXAMPLES = 5  # offending values quoted per failure
 # Columns GX quotes next to each offending value, so a failure names the row it found.
-TABLE_KEYS: dict[str, list[str]] = {
-    "items": ["item_id"], "interactions": ["user_id", "item_id"], "item_scores": ["item_id"],
-    "user_candidates": ["user_id", "item_id"], "topic_shares": ["topic"], "per_user": ["user_id"],
-}
+TABLE_KEYS: dict[str, list[str]] = {"topic_shares": ["topic"]}
 
 
 @dataclass(frozen=True)
@@ -78,11 +75,17 @@ class SuiteParams:
     mean_topic_score_tolerance: float = 0.1  # absolute change of the mean topic_score
     top_k: int = 100  # candidates per user, at most
     min_user_coverage: float = 0.9  # users with candidates / expected users, at least
-    embedding_norm_tolerance: float = 1e-3  # |norm - 1|, at most
-    max_null_fraction: float = 0.0  # nulls in a key column, at most
     topic_labels: tuple[str, ...] = tuple(DEFAULT_TOPIC_LABELS)
     events: tuple[str, ...] = tuple(EVENTS)
     expected_users: int | None = None  # users who should get candidates; None: the previous run's n_users
+
+    @classmethod
+    def from_settings(cls, settings: Settings, expected_users: int | None = None) -> SuiteParams:
+        """Return the suites' parameters from settings (and the users a run should serve, when known)."""
+        return cls(row_count_band=settings.row_count_band, topic_share_tolerance=settings.topic_share_tolerance,
+                   mean_topic_score_tolerance=settings.mean_topic_score_tolerance, top_k=settings.top_k,
+                   min_user_coverage=settings.min_user_coverage, topic_labels=tuple(settings.topic_labels),
+                   events=tuple(settings.event_weights), expected_users=expected_users)
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,9 @@ def load_suite_file(dataset: str) -> dict[str, Any]:
     return spec
 
 
-def as_view(data: pl.DataFrame | DatasetView, sample_rows: int | None = None) -> DatasetView:
-    """Return data as a DatasetView (a whole frame is viewed with a sample of sample_rows rows)."""
-    return data if isinstance(data, DatasetView) else view_of(data, sample_rows)
+def as_view(data: pl.DataFrame | DatasetView) -> DatasetView:
+    """Return data as a DatasetView (a whole frame is viewed in one pass)."""
+    return data if isinstance(data, DatasetView) else view_of(data)
 
 
 def dataset_stats(dataset: str, data: pl.DataFrame | DatasetView) -> dict[str, float]:
@@ -143,12 +146,9 @@ def dataset_stats(dataset: str, data: pl.DataFrame | DatasetView) -> dict[str, f
 
 def suite_params(previous: dict[str, float] | None, params: SuiteParams) -> dict[str, Any]:
     """Return the placeholder values of a run: settings, plus bands around the previous run's stats when known."""
-    tolerance = params.embedding_norm_tolerance
     values: dict[str, Any] = {
-        "row_count_min": 1, "row_count_max": None, "not_null_mostly": 1.0 - params.max_null_fraction,
-        "embedding_norm_min": 1.0 - tolerance, "embedding_norm_max": 1.0 + tolerance,
-        "topic_labels": list(params.topic_labels), "events": list(params.events), "top_k": params.top_k,
-        "topic_share_tolerance": params.topic_share_tolerance, "min_user_coverage": params.min_user_coverage,
+        "row_count_min": 1, "row_count_max": None, "topic_share_tolerance": params.topic_share_tolerance,
+        "min_user_coverage": params.min_user_coverage,
     }
     values.update(_previous_params(previous or {}, params))
     if params.expected_users is not None:
@@ -186,8 +186,8 @@ def suite_expectations(dataset: str, values: dict[str, Any]) -> dict[str, list[E
         if any(values.get(name) is None for name in meta.get("requires", [])):
             logger.debug("%s left out: this run lacks %s", where, meta["requires"])
             continue
-        table = meta.get("table", ROWS)
-        if table not in (ROWS, FULL, *DERIVED):
+        table = meta.get("table", FULL)
+        if table not in (FULL, *DERIVED):
             raise UsageError(f"{where}: unknown table {table!r}")
         try:  # GX's suite constructor logs and drops an invalid expectation; building it here raises instead
             config = ExpectationConfiguration(type=item["type"], kwargs=_fill(item["kwargs"], values, where), meta=meta)
@@ -211,11 +211,6 @@ def _fill(value: Any, values: dict[str, Any], where: str) -> Any:
     return value
 
 
-def _rows(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
-    rows = view.rows  # embeddings already replaced by embedding_norm
-    return rows.drop([name for name, dtype in rows.schema.items() if dtype.is_nested()])
-
-
 def _shares(view: DatasetView) -> pl.DataFrame:
     shares = (pl.col(COUNT) / view.height).alias("share")
     return view.topic_counts.select("topic", shares).sort("topic", nulls_last=True)
@@ -231,8 +226,8 @@ def _topic_shares(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
     ).sort("share_delta", "topic", descending=[True, False], nulls_last=True)  # worst drift quoted first
 
 
-def _per_user(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
-    return view.user_counts.rename({COUNT: "n_candidates"}).sort("user_id", nulls_last=True)
+def _summary(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
+    return pl.DataFrame({"mean_topic_score": [view.topic_score_mean]}, schema={"mean_topic_score": pl.Float64})
 
 
 def _coverage(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
@@ -242,7 +237,7 @@ def _coverage(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
 
 
 Derivation = Callable[[DatasetView, dict[str, Any]], pl.DataFrame]
-DERIVED: dict[str, Derivation] = {"topic_shares": _topic_shares, "per_user": _per_user, "coverage": _coverage}
+DERIVED: dict[str, Derivation] = {"summary": _summary, "topic_shares": _topic_shares, "coverage": _coverage}
 
 
 def _table(table: str, view: DatasetView, values: dict[str, Any]) -> pd.DataFrame:
@@ -250,13 +245,11 @@ def _table(table: str, view: DatasetView, values: dict[str, Any]) -> pd.DataFram
 
     if table == FULL:  # no columns: costs nothing however tall the dataset
         return pd.DataFrame(index=pd.RangeIndex(view.height))
-    derive = _rows if table == ROWS else DERIVED[table]
-    return derive(view, values).to_pandas()
+    return DERIVED[table](view, values).to_pandas()
 
 
 def _context(docs_dir: str | None) -> AbstractDataContext:
     """Return an in-memory GX context: offline, no progress bars, at most one local Data Docs site."""
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     gx_logger = logging.getLogger("great_expectations")
     if gx_logger.level == logging.NOTSET:  # GX logs each context's set-up at INFO; keep run logs to ours
         gx_logger.setLevel(logging.WARNING)
@@ -286,7 +279,7 @@ def _validate_table(context: AbstractDataContext, source: PandasDatasource, data
     suite = context.suites.add(gx.ExpectationSuite(name=f"{dataset}.{table}", expectations=expectations, meta=meta))
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=suite.name, data=batch, suite=suite))
     result_format: dict[str, Any] = {"result_format": "SUMMARY", "partial_unexpected_count": EXAMPLES}
-    keys = [key for key in TABLE_KEYS.get(table if table != ROWS else dataset, []) if key in data.columns]
+    keys = [key for key in TABLE_KEYS.get(table, []) if key in data.columns]
     if keys:
         result_format["unexpected_index_column_names"] = keys
     # ValidationDefinition.run (not batch.validate) stores the result, which is what Data Docs render.
@@ -294,27 +287,23 @@ def _validate_table(context: AbstractDataContext, source: PandasDatasource, data
 
 
 def validate_dataset(dataset: str, data: pl.DataFrame | DatasetView, previous: dict[str, float] | None, params: SuiteParams,
-                     docs_dir: str | None = None, sample_rows: int | None = 200_000) -> DatasetReport:
+                     docs_dir: str | None = None) -> DatasetReport:
     """Validate a run's dataset against its suite and the previous successful run's stats.
 
     Args:
         dataset: one of DATASETS.
-        data: the dataset as written by the run: a whole frame, or its view streamed from the file.
+        data: the dataset as written by the run: a whole frame, or its view gathered while it streamed.
         previous: `dataset_stats` of the previous successful run, or None for a first run (row count >= 1
             only; the mean, topic-share and coverage checks are left out unless params supply them).
         params: the suite settings.
         docs_dir: a local folder to write this validation's GX Data Docs (HTML) into; its index.html lists
             this validation only, so give each run its own folder. GX writes local files only: for a lake
-            on S3 the caller builds into a temporary folder and copies it (nightscore/stages/contracts.py).
-        sample_rows: for a whole frame above this many rows, the per-row expectations (nulls, ranges,
-            uniqueness, norms, the mean topic_score) read a deterministic seeded sample of this many rows;
-            row counts and the derived frames (topic shares, per-user counts, coverage) always use every
-            row. None: no sample. A view carries its own sample.
+            on S3 the caller builds into a temporary folder and copies it (tasks/suites.py).
 
     Returns:
         The report; its statistics are what the next run should receive as previous if this one is published.
     """
-    started, spec, view = time.perf_counter(), load_suite_file(dataset), as_view(data, sample_rows)
+    started, spec, view = time.perf_counter(), load_suite_file(dataset), as_view(data)
     values = suite_params(previous, params)
     context = _context(docs_dir)
     source = context.data_sources.add_pandas(dataset)
@@ -339,6 +328,8 @@ def _build_docs(context: AbstractDataContext, docs_dir: str | None) -> str | Non
 
 def _failure(result: ExpectationValidationResult, table: str) -> ExpectationFailure:
     config = result.expectation_config
+    if config is None:  # GX always sets it for a suite's results
+        return ExpectationFailure("unknown", None, None, f"{table} table: a result without its expectation")
     kwargs = {k: v for k, v in config.kwargs.items() if k not in ("column", "column_list", "batch_id")}
     column = config.kwargs.get("column") or ",".join(config.kwargs.get("column_list") or []) or None
     error = _exception_message(result.exception_info or {})

@@ -20,8 +20,10 @@ from nightscore.errors import InputUnreadable
 
 ITEMS_CONTRACT = "items/1"
 INTERACTIONS_CONTRACT = "interactions/1"
-ITEM_COLUMNS = {"item_id": pl.String, "title": pl.String, "body": pl.String, "created_at": pl.Datetime("us", "UTC")}
-INTERACTION_COLUMNS = {"user_id": pl.String, "item_id": pl.String, "event": pl.String, "ts": pl.Datetime("us", "UTC")}
+ITEM_COLUMNS: dict[str, pl.DataType] = {"item_id": pl.String(), "title": pl.String(), "body": pl.String(),
+                                        "created_at": pl.Datetime("us", "UTC")}
+INTERACTION_COLUMNS: dict[str, pl.DataType] = {"user_id": pl.String(), "item_id": pl.String(), "event": pl.String(),
+                                               "ts": pl.Datetime("us", "UTC")}
 EVENTS = ["view", "click", "purchase"]
 REPLACEMENT_CHAR = "\ufffd"  # what invalid UTF-8 bytes decode to; a text holding it is quarantined
 
@@ -43,10 +45,10 @@ def item_text_expr() -> pl.Expr:
 
 def conform(frame: pl.DataFrame, columns: dict[str, pl.DataType], dataset: str, uri: str) -> pl.DataFrame:
     """Return frame with the contract's columns cast to their types (extra columns dropped, absent optional ones null)."""
-    out = []
+    out: list[pl.Series] = []
     for name, dtype in columns.items():
         if name not in frame.columns:
-            out.append(pl.lit(None, dtype=dtype).alias(name))
+            out.append(pl.Series(name, [None] * frame.height, dtype=dtype))
         else:
             out.append(_cast(frame.get_column(name), dtype, dataset, uri))
     return frame.select(out)
@@ -80,7 +82,7 @@ def _to_utc(series: pl.Series) -> pl.Series:
     if not isinstance(series.dtype, pl.Datetime):
         raise ValueError(f"not a timestamp: {series.dtype}")
     series = series.dt.cast_time_unit("us")
-    tz = series.dtype.time_zone
+    tz = series.dtype.time_zone if isinstance(series.dtype, pl.Datetime) else None
     return series.dt.replace_time_zone("UTC") if tz is None else series.dt.convert_time_zone("UTC")
 
 

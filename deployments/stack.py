@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nightscore.errors import StackError
-from nightscore.settings import Settings
+from nightscore.settings import Settings, child_environment
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,11 @@ def healthy(api_url: str, auth: str | None = None) -> bool:
 
 
 def _auth() -> str | None:
-    """Return the client's basic-auth string, the one Prefect itself reads (PREFECT_API_AUTH_STRING)."""
-    return os.environ.get("PREFECT_API_AUTH_STRING")
+    """Return the client's basic-auth string, as Prefect's own settings read it (PREFECT_API_AUTH_STRING)."""
+    from prefect.settings import get_current_settings
+
+    secret = get_current_settings().api.auth_string
+    return secret.get_secret_value() if secret is not None else None
 
 
 def _wait(check: Callable[[], bool], proc: subprocess.Popen, what: str, log_file: Path, timeout_s: float) -> None:
@@ -66,19 +69,18 @@ def server_env(settings: Settings, host: str) -> dict[str, str]:
     The UI finds the API through PREFECT_UI_API_URL, which Prefect derives from PREFECT_SERVER_API_PORT,
     not from `--port`: without it a UI on another port than 4200 cannot reach its own API.
     """
-    env = {**os.environ, "PREFECT_HOME": str(Path(settings.home).resolve() / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true",
-           "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
-           "PREFECT_UI_API_URL": f"http://{host}:{settings.prefect_port}/api"}
+    env = child_environment(settings, {
+        "PREFECT_HOME": str(Path(settings.home).resolve() / "prefect"), "PREFECT_UI_ENABLED": "true",
+        "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
+        "PREFECT_UI_API_URL": f"http://{host}:{settings.prefect_port}/api"})
     env.pop("PREFECT_API_URL", None)
     return env
 
 
 def worker_env(settings: Settings, api_url: str) -> dict[str, str]:
-    """Return the worker's environment: the API URL and an absolute NIGHTSCORE_HOME its flow runs inherit."""
+    """Return the worker's environment: the API URL and the settings (NIGHTSCORE_*) its flow runs inherit."""
     # Polling every 2 s instead of Prefect's 10 s cuts the trigger-to-running latency of on-demand runs.
-    return {**os.environ, "PREFECT_API_URL": api_url, "NIGHTSCORE_HOME": str(Path(settings.home).resolve()),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    return child_environment(settings, {"PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2"})
 
 
 def worker_online(pool: str) -> bool:
@@ -110,15 +112,17 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
     state = {"server_pid": server.pid, "api_url": api_url, "ui_url": base, "home": str(home)}
     _save(home, state)
     _wait(lambda: healthy(api_url, _auth()), server, "Prefect server", home / "logs" / "prefect-server.log", timeout_s)
-    os.environ["PREFECT_API_URL"] = api_url
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from deployments.deploy import deploy_all
 
-    state["deployments"] = {name: str(i) for name, i in deploy_all(settings).items()}
-    worker = _start([_bin("prefect"), "worker", "start", "--pool", settings.work_pool, "--type", "process"],
-                    worker_env(settings, api_url), home / "logs" / "prefect-worker.log")
-    state["worker_pid"] = worker.pid
-    _save(home, state)
-    _wait(lambda: worker_online(settings.work_pool), worker, "Prefect worker", home / "logs" / "prefect-worker.log", timeout_s)
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        state["deployments"] = {name: str(i) for name, i in deploy_all(settings).items()}
+        worker = _start([_bin("prefect"), "worker", "start", "--pool", settings.work_pool, "--type", "process"],
+                        worker_env(settings, api_url), home / "logs" / "prefect-worker.log")
+        state["worker_pid"] = worker.pid
+        _save(home, state)
+        _wait(lambda: worker_online(settings.work_pool), worker, "Prefect worker", home / "logs" / "prefect-worker.log", timeout_s)
     return state
 
 

@@ -27,10 +27,12 @@ def default_idempotency_key(deployment: str, params: BaseModel, today: datetime 
 
 def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[str, Any]:
     """Create a flow run of the deployment (or return the one made with the same key); return its id, name and state."""
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
     flow_run = run_deployment(deployment_ref(deployment), parameters={"params": params.model_dump(mode="json")},
                               idempotency_key=idempotency_key, timeout=0)
+    assert isinstance(flow_run, FlowRun)  # a sync call returns the run, never a coroutine
     return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": flow_run.state_type.value if flow_run.state_type else None,
             "idempotency_key": idempotency_key}
 

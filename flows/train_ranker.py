@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.params import TrainRankerParams
-from tasks.ranking import published_run, train
+from tasks.train_ranker import TrainedRanker, published_run, train
 
 
 @flow(name="train-ranker")
-def train_ranker(params: TrainRankerParams = TrainRankerParams()) -> dict[str, object]:
+def train_ranker(params: TrainRankerParams = TrainRankerParams()) -> TrainedRanker:
     """Train, version and save the ranker on a published run (the latest by default); return its metrics."""
     run = published_run(params.run_id)
     return train(run)

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 TINY_SEED = 0
+TINY_HIDDEN = 384  # the tiny twin has all-MiniLM-L6-v2's width, so tests exercise the same shapes
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,16 @@ def model_version(kind: str) -> str:
     return _VERSIONS[kind]
 
 
+def embedding_dim(spec: EncoderSpec) -> int:
+    """Return the width of the vectors a spec produces, from the model's config (no weights loaded)."""
+    if spec.kind == "tiny":
+        return TINY_HIDDEN
+    import json
+
+    config = json.loads((model_dir(spec.model_path) / "config.json").read_text())
+    return int(config["hidden_size"])
+
+
 def spec_version(spec: EncoderSpec) -> str:
     """Return the version of the vectors a spec produces (model version, plus the precision unless fp32)."""
     mode = spec.precision
@@ -123,7 +134,7 @@ def build_model(kind: str, path: str | None = None) -> tuple[torch.nn.Module, st
         return model.eval(), model_version(kind)
     if kind == "tiny":
         config = BertConfig(
-            hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=384,
+            hidden_size=TINY_HIDDEN, num_hidden_layers=1, num_attention_heads=6, intermediate_size=TINY_HIDDEN,
             vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
         )
         torch.manual_seed(TINY_SEED)

@@ -201,7 +201,7 @@ def _user_vectors(
 def _vector_table(item_vectors: pl.DataFrame) -> tuple[dict[str, int], torch.Tensor]:
     """Return (item id -> row, unit item vectors) from an (item_id, embedding) frame."""
     index = {item: i for i, item in enumerate(item_vectors.get_column("item_id").to_list())}
-    matrix = np.array(item_vectors.get_column("embedding").to_list(), dtype=np.float32).reshape(len(index), -1)
+    matrix = np.ascontiguousarray(item_vectors.get_column("embedding").to_numpy(), dtype=np.float32).reshape(len(index), -1)
     return index, torch.nn.functional.normalize(torch.from_numpy(matrix), p=2, dim=1)
 
 

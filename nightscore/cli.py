@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -13,13 +16,34 @@ import click
 import pydantic
 import typer
 
-from nightscore.errors import EXIT_USAGE, NightscoreError, RunInterrupted, UsageError, exit_code_for
-from nightscore.settings import Settings, load_settings
+from nightscore.errors import (
+    EXIT_USAGE, ContractViolation, NightscoreError, RunInterrupted, UsageError, WarehouseMissing, exit_code_for,
+    is_expected,
+)
+from nightscore.settings import Settings, apply_runtime_defaults, load_settings
 
 log = logging.getLogger("nightscore")
 
+
+@dataclass
+class Invocation:
+    """What this command line asked for beyond its arguments: verbosity, and the log file once one is set up."""
+
+    verbose: bool = False
+    log_file: Path | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+INVOCATION = Invocation()
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Nightly and on-demand batch scoring.")
+
+
+@app.callback()
+def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG and show tracebacks.")) -> None:
+    """Nightly and on-demand batch scoring."""
+    INVOCATION.verbose = verbose
 run_app = typer.Typer(no_args_is_help=True, help="Run a scoring flow.")
 app.add_typer(run_app, name="run")
 
@@ -34,15 +58,18 @@ class OutputFormat(str, Enum):
 HomeOption = typer.Option(None, "--home", help="Folder of the embedded defaults (NIGHTSCORE_HOME, default ./.nightscore).")
 
 
-def _settings(home: Optional[Path]) -> Settings:
-    """Return settings with --home applied; the home is also exported so the flow's tasks see it."""
-    if home is not None:
-        os.environ["NIGHTSCORE_HOME"] = str(home.resolve())
-    from nightscore.runtime import configure_logging, configure_runtime
+def _settings(home: Optional[Path], command: str = "command") -> Settings:
+    """Return settings with --home applied (handed to flows with settings_scope, never through the environment).
 
-    cfg = load_settings()
-    configure_runtime(cfg)
-    configure_logging()
+    Also sets the libraries' process switches and the logging: the console gets one line per failure, the
+    command's log file (<home>/logs/<time>-<command>.log, created on first record) everything.
+    """
+    from nightscore.logs import configure_logging, log_file_path
+
+    cfg = load_settings(home=home.resolve() if home is not None else None)
+    apply_runtime_defaults(cfg)
+    INVOCATION.log_file = log_file_path(cfg.logs_dir, command)
+    configure_logging(INVOCATION.verbose, INVOCATION.log_file)
     return cfg
 
 
@@ -53,7 +80,7 @@ def demo_data(
     seed: int = typer.Option(0, "--seed"), home: Optional[Path] = HomeOption,
 ) -> None:
     """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
-    _settings(home)
+    _settings(home, "demo-data")
     from nightscore.demo_data import generate_demo_data
     from storage.lake import Lake
 
@@ -78,24 +105,31 @@ def run_nightly(
     from datetime import date
 
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
-    _settings(home)
+    cfg = _settings(home, "run-nightly")
     from flows.nightly import nightly
     from flows.params import NightlyParams
     from nightscore.output import progress_bar, summary_text
+    from nightscore.settings import settings_scope
     from nightscore.stop import install_signal_handlers
-
-    from prefect.exceptions import TerminationSignal
 
     install_signal_handlers()
     params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
+    with _interruptible(), settings_scope(cfg), progress_bar():
+        published = nightly(params)
+    typer.echo(summary_text(published, time.monotonic() - INVOCATION.started))
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Turn Prefect's TerminationSignal (how it stops a flow's thread on SIGTERM) into RunInterrupted (exit 143)."""
+    from prefect.exceptions import TerminationSignal
+
     try:
-        with progress_bar():
-            summary = nightly(params)
-    except TerminationSignal as exc:  # Prefect turns SIGTERM into this in the flow's thread
+        yield
+    except TerminationSignal as exc:
         raise RunInterrupted(
             "run interrupted by SIGTERM: finished shards are kept; run the same command again (or --resume RUN_ID) to finish it"
         ) from exc
-    typer.echo(summary_text(summary))
 
 
 @run_app.command("train-ranker")
@@ -104,13 +138,15 @@ def run_train_ranker(
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
-    _settings(home)
+    cfg = _settings(home, "run-train-ranker")
     from flows.params import TrainRankerParams
     from flows.train_ranker import train_ranker
+    from nightscore.settings import settings_scope
 
-    result = train_ranker(TrainRankerParams(run_id=run_id))
-    metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["metrics"].items()) if isinstance(v, float))
-    typer.echo(f"ranker {result['version']} saved to {result['path']}\n  {metrics}")
+    with settings_scope(cfg):
+        trained = train_ranker(TrainRankerParams(run_id=run_id))
+    metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(trained.metrics.items()))
+    typer.echo(f"ranker {trained.version} trained on {trained.trained_on}, saved to {trained.uri}\n  {metrics}")
 
 
 @app.command("serve")
@@ -118,16 +154,12 @@ def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535), host: str = typer.Option("127.0.0.1", "--host"),
     home: Optional[Path] = HomeOption,
 ) -> None:
-    """Serve GET /v1/users/{user_id}/recommendations from the cache with the trained ranker."""
-    cfg = _settings(home)
-    from nightscore.stages.ranking import ITEM_FILE, MODEL_FILE, USER_FILE
+    """Serve GET /v1/users/{user_id}/recommendations from the cache with the lake's current ranker."""
+    cfg = _settings(home, "serve")
     from serving.app import run_server
     from serving.config import serving_config
 
-    root = cfg.serving_root
-    config = serving_config(cfg, root / MODEL_FILE, root / ITEM_FILE, root / USER_FILE,
-                            max_in_flight=cfg.serving_max_in_flight, fallback_on_cache_error=cfg.serving_fallback)
-    run_server(config, host=host, port=port)
+    run_server(serving_config(cfg), host=host, port=port)
 
 
 @app.command("query")
@@ -137,7 +169,7 @@ def query(
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Run read-only SQL on the warehouse and print the result."""
-    cfg = _settings(home)
+    cfg = _settings(home, "query")
     from nightscore.output import render
     from storage.resources import warehouse_for
 
@@ -147,7 +179,7 @@ def query(
 @app.command("runs")
 def runs(limit: int = typer.Option(20, "--limit", min=1), home: Optional[Path] = HomeOption) -> None:
     """List recent runs with their status and counts."""
-    cfg = _settings(home)
+    cfg = _settings(home, "runs")
     from nightscore.output import render
     from storage.resources import warehouse_for
 
@@ -167,14 +199,14 @@ def contracts_check(
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
-    cfg = _settings(home)
-    from nightscore.stages.check import check_inputs, check_report
+    cfg = _settings(home, "contracts-check")
+    from nightscore.check import check_inputs, check_report
     from storage.resources import lake_for
 
     check = check_inputs(lake_for(cfg), cfg, items, interactions)
     typer.echo(check_report(check, cfg.quarantine_max_share))
     if not check.passed(cfg.quarantine_max_share):
-        raise typer.Exit(3)
+        raise ContractViolation("the input contracts failed (table above): a run on these files would stop")
 
 
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or move the published candidate cache.")
@@ -184,8 +216,8 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("rollback")
 def cache_rollback(home: Optional[Path] = HomeOption) -> None:
     """Point the cache and the warehouse's latest_* views back to the previous published run, together."""
-    cfg = _settings(home)
-    from nightscore.stages.publish import rollback
+    cfg = _settings(home, "cache-rollback")
+    from storage.publication import rollback
     from storage.resources import cache_for, warehouse_for
 
     with cache_for(cfg) as cache:
@@ -200,7 +232,7 @@ def prune(
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Delete the rows of old runs from the warehouse (never the latest published run)."""
-    cfg = _settings(home)
+    cfg = _settings(home, "prune")
     from storage.resources import warehouse_for
 
     typer.echo(f"pruned {warehouse_for(cfg).prune(keep_runs, keep_days)} run(s)")
@@ -210,7 +242,7 @@ def prune(
 def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect server listens on."),
        home: Optional[Path] = HomeOption) -> None:
     """Start a Prefect server (port NIGHTSCORE_PREFECT_PORT, default 4200), the deployments and a worker; print the UI URL."""
-    cfg = _settings(home)
+    cfg = _settings(home, "up")
     from deployments.stack import up as start
 
     state = start(cfg, host)
@@ -222,7 +254,7 @@ def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect
 @app.command("down")
 def down(home: Optional[Path] = HomeOption) -> None:
     """Stop the worker and the Prefect server that `nightscore up` started."""
-    cfg = _settings(home)
+    cfg = _settings(home, "down")
     from deployments.stack import down as stop
 
     stopped = stop(cfg)
@@ -232,23 +264,26 @@ def down(home: Optional[Path] = HomeOption) -> None:
 @app.command("deploy")
 def deploy(home: Optional[Path] = HomeOption) -> None:
     """Register the work pool, queues, gpu limit and deployments with the server at PREFECT_API_URL."""
-    cfg = _settings(home)
-    _api_url(cfg)
+    cfg = _settings(home, "deploy")
     from deployments.deploy import deploy_all
 
-    for name, deployment_id in deploy_all(cfg).items():
-        typer.echo(f"{name}: {deployment_id}")
+    with _prefect_api(cfg):
+        for name, deployment_id in deploy_all(cfg).items():
+            typer.echo(f"{name}: {deployment_id}")
 
 
-def _api_url(cfg: Settings) -> str:
-    """Return the Prefect API to talk to: PREFECT_API_URL, else the one `nightscore up` started (exported for Prefect)."""
+@contextmanager
+def _prefect_api(cfg: Settings) -> Iterator[str]:
+    """Talk to the Prefect API of PREFECT_API_URL, else the one `nightscore up` started, inside the block."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
     from deployments.stack import read_state
 
-    url = os.environ.get("PREFECT_API_URL") or (read_state(cfg) or {}).get("api_url")
+    url = get_current_settings().api.url or (read_state(cfg) or {}).get("api_url")
     if not url:
         raise UsageError("no Prefect server: run `nightscore up` or set PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-    return url
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
 
 
 trigger_app = typer.Typer(no_args_is_help=True, help="Start a deployment's run through the Prefect API.")
@@ -268,42 +303,44 @@ def trigger_on_demand(
     home: Optional[Path] = HomeOption,
 ) -> None:
     """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
-    cfg = _settings(home)
-    _api_url(cfg)
+    cfg = _settings(home, "trigger")
     from deployments.trigger import default_idempotency_key, trigger, wait_for_run
     from flows.params import OnDemandParams
 
     params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
                             run_date=run_date, callback_url=callback_url)
-    created = trigger("on-demand", params, key or default_idempotency_key("on-demand", params))
-    typer.echo(created["flow_run_id"])
-    log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
-    if wait:
-        state = wait_for_run(created["flow_run_id"], timeout)
-        typer.echo(f"{state['state_name']}")
+    with _prefect_api(cfg):
+        created = trigger("on-demand", params, key or default_idempotency_key("on-demand", params))
+        typer.echo(created["flow_run_id"])
+        log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
+        if wait:
+            state = wait_for_run(created["flow_run_id"], timeout)
+            typer.echo(f"{state['state_name']}")
 
 
 @app.command("status")
 def status(flow_run_id: str = typer.Argument(..., help="Flow run id printed by `nightscore trigger`."),
            home: Optional[Path] = HomeOption) -> None:
     """Print a flow run's state (from the Prefect API) and its counts (from the warehouse)."""
-    cfg = _settings(home)
-    _api_url(cfg)
+    cfg = _settings(home, "status")
     from deployments.trigger import flow_run_state, run_counts
     from storage.resources import warehouse_for
 
-    state = flow_run_state(flow_run_id)
+    with _prefect_api(cfg):
+        state = flow_run_state(flow_run_id)
     typer.echo(f"{state['name']}: {state['state_name']}" + (f" ({state['message']})" if state["message"] else ""))
     try:
         counts = run_counts(warehouse_for(cfg), flow_run_id)
-    except NightscoreError:
+    except WarehouseMissing:
         counts = None
     for name, value in (counts or {}).items():
         typer.echo(f"  {name}: {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code; failures print one line, never a bare traceback."""
+    """Run the CLI and return its exit code; failures print one line, never a bare traceback (see nightscore/logs.py)."""
+    global INVOCATION
+    INVOCATION = Invocation()
     try:
         result = app(args=argv, standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
@@ -314,18 +351,28 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except pydantic.ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'parameters'}: {e['msg']}" for e in exc.errors())
-        typer.echo(f"nightscore: error: invalid parameters: {problems}", err=True)
-        return EXIT_USAGE
+        return _fail(UsageError(f"invalid parameters: {problems}"))
     except click.Abort:
+        return _fail(KeyboardInterrupt())
+    except BaseException as exc:  # noqa: BLE001 - the one place every failure becomes one line and an exit code
+        if isinstance(exc, SystemExit):
+            raise
+        return _fail(exc)
+
+
+def _fail(exc: BaseException) -> int:
+    """Print a failure's one line (the traceback of an unexpected one goes to the log file); return its exit code."""
+    text = " ".join(str(exc).split())[:500]
+    if isinstance(exc, KeyboardInterrupt):
         typer.echo("nightscore: aborted", err=True)
-        return 130
-    except NightscoreError as exc:
-        typer.echo(f"nightscore: error: {exc}", err=True)
-        return exit_code_for(exc)
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become exit 1
-        log.debug("unexpected error", exc_info=True)
-        typer.echo(f"nightscore: unexpected error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", err=True)
-        return exit_code_for(exc)
+    elif is_expected(exc) or isinstance(exc, NightscoreError):
+        typer.echo(f"nightscore: error: {text}", err=True)
+        log.debug("failure details", exc_info=exc)
+    else:
+        log.error("unexpected error: %s: %s", type(exc).__name__, text, exc_info=exc)
+        where = f" (traceback in {INVOCATION.log_file})" if INVOCATION.log_file and not INVOCATION.verbose else ""
+        typer.echo(f"nightscore: unexpected error: {type(exc).__name__}: {text}{where}", err=True)
+    return exit_code_for(exc)
 
 
 def entrypoint() -> None:

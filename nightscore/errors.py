@@ -1,24 +1,21 @@
-"""Named failures of a nightscore run, and the one place that maps them to CLI exit codes."""
+"""Named failures of nightscore and the one table that maps them to CLI exit codes.
+
+HTTP statuses of the online ranker are mapped in one function too: `serving.errors.status_for`.
+"""
 
 from __future__ import annotations
 
 
 class NightscoreError(Exception):
-    """Base of every failure nightscore reports to a user (never a bare traceback)."""
-
-    exit_code: int = 1
+    """Base of every failure nightscore reports to a user as one line (never a bare traceback)."""
 
 
 class UsageError(NightscoreError):
-    """Bad arguments or settings (exit 2)."""
-
-    exit_code = 2
+    """Bad arguments or settings, or nothing to act on yet (exit 2)."""
 
 
 class ContractViolation(NightscoreError):
     """A data contract failed: bad inputs or outputs; nothing is published (exit 3)."""
-
-    exit_code = 3
 
 
 class InputUnreadable(ContractViolation):
@@ -26,11 +23,15 @@ class InputUnreadable(ContractViolation):
 
 
 class ModelLoadError(NightscoreError):
-    """The encoder's files could not be found or loaded (exit 1)."""
+    """The encoder's or the ranker's files could not be found or loaded (exit 1)."""
 
 
 class PublishError(NightscoreError):
     """The warehouse or the cache refused a publication; the previous one stays current (exit 1)."""
+
+
+class WarehouseMissing(UsageError):
+    """No warehouse exists yet at the configured location: nothing has run there (exit 2)."""
 
 
 class CacheUnavailable(NightscoreError):
@@ -40,31 +41,41 @@ class CacheUnavailable(NightscoreError):
 class StackError(NightscoreError):
     """`nightscore up`/`down` could not start or reach the Prefect server or worker (exit 1)."""
 
-    exit_code = 1
-
 
 class RunFailed(NightscoreError):
     """A triggered flow run ended in a state other than Completed (exit 1)."""
 
-    exit_code = 1
-
 
 class RunInterrupted(NightscoreError):
     """The run was asked to stop (SIGTERM, cancellation); finished shards are kept for a resume (exit 143)."""
-
-    exit_code = 143
 
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CONTRACT = 3
+EXIT_INTERRUPTED = 143
+EXIT_KEYBOARD = 130
+
+# The one table of exit codes: the first entry an exception is an instance of wins (subclasses first).
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ContractViolation, EXIT_CONTRACT),
+    (UsageError, EXIT_USAGE),
+    (RunInterrupted, EXIT_INTERRUPTED),
+    (KeyboardInterrupt, EXIT_KEYBOARD),
+    (NightscoreError, EXIT_FAILURE),
+)
+
+# Failures a user can act on from their one-line message; anything else is a bug or an outage and its
+# traceback goes to the log file.
+EXPECTED: tuple[type[BaseException], ...] = (ContractViolation, UsageError, RunInterrupted, KeyboardInterrupt)
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """Return the CLI exit code for an exception raised by a run or a command."""
-    if isinstance(exc, NightscoreError):
-        return exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
-    return EXIT_FAILURE
+    """Return the CLI exit code of an exception (EXIT_CODES; 1 for anything not listed)."""
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), EXIT_FAILURE)
+
+
+def is_expected(exc: BaseException) -> bool:
+    """Return whether a failure is one a user fixes from its message (no traceback is shown for it)."""
+    return isinstance(exc, EXPECTED)

@@ -8,12 +8,15 @@ import json
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rich.console import Console
 from rich.table import Table
 
 from storage.warehouse import QueryResult
+
+if TYPE_CHECKING:
+    from tasks.results import Published
 
 
 def _json_value(value: Any) -> Any:
@@ -58,27 +61,38 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def summary_text(summary: dict[str, Any]) -> str:
-    """Return the short summary of a finished run: rows, quarantine, tokens, padding, speed, stages."""
-    stages = summary.get("stage_seconds") or {}
+def summary_text(published: Published, elapsed_s: float | None = None) -> str:
+    """Return the short summary of a finished run: rows, quarantine, tokens, padding, speed, stages.
+
+    elapsed_s: the command's own time, Prefect's start-up included, when the caller measured it.
+    """
+    r = published.record
+    took = f"{r.wall_seconds:.1f}s" + (f" ({elapsed_s:.1f}s with Prefect's start-up)" if elapsed_s is not None else "")
     lines = [
-        f"run {summary['run_id']} ({summary['run_date']}) {summary['status']} in {summary['wall_seconds']:.1f}s on {summary['device']}",
-        f"  items: {summary['rows_in']} in, {summary['rows_scored']} scored, {summary['rows_quarantined']} quarantined",
-        f"  interactions: {summary['interactions_in']} in, {summary['interactions_quarantined']} quarantined;"
-        f" users with candidates: {summary['users_with_candidates']}",
-        f"  tokens: {summary['real_tokens']} real / {summary['padded_tokens']} padded"
-        f" (padding efficiency {summary['padding_efficiency']:.3f}), {summary['truncated_texts']} texts truncated",
-        f"  encode: {summary['rows_computed']} computed, {summary['rows_reused']} reused from published vectors;"
-        f" {summary['shards']} shards ({summary['shards_reused']} from checkpoints); {summary['texts_per_s']:.1f} texts/s",
-        f"  model {summary['model_version']}",
-        f"  retrieval on held-out interactions: recall@K {_num(summary.get('recall_at_k'))} (popularity"
-        f" {_num(summary.get('popularity_recall_at_k'))}), NDCG@10 {_num(summary.get('ndcg_at_10'))}"
-        f" (popularity {_num(summary.get('popularity_ndcg_at_10'))})",
-        "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()),
+        f"run {r.run_id} ({r.run_date}) {r.status} in {took}" + (f" on {r.device}" if r.rows_computed else ""),
+        f"  items: {r.rows_in} in, {r.rows_scored} scored, {r.rows_quarantined} quarantined",
+        f"  interactions: {r.interactions_in} in, {r.interactions_quarantined} quarantined;"
+        f" users with candidates: {r.users_with_candidates}",
+        _encode_line(published),
+        f"  model {r.model_version}",
+        f"  retrieval on held-out interactions: recall@K {_num(r.recall_at_k)} (popularity"
+        f" {_num(r.popularity_recall_at_k)}), NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)})",
+        "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in published.stage_seconds.items()),
     ]
-    if summary.get("data_docs"):
-        lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in summary["data_docs"].items()))
+    if published.data_docs:
+        lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in published.data_docs.items()))
     return "\n".join(lines)
+
+
+def _encode_line(published: Published) -> str:
+    """Return the encode line: what was computed (tokens, padding, speed) or that every vector was reused."""
+    r = published.record
+    reuse = f"{r.rows_computed} computed, {r.rows_reused} reused from published vectors"
+    if not r.rows_computed:
+        return f"  encode: {reuse}, nothing to encode; {published.shards} shards ({r.shards_reused} from checkpoints)"
+    return (f"  encode: {reuse}; {published.shards} shards ({r.shards_reused} from checkpoints); {_num(r.texts_per_s)} texts/s;"
+            f" tokens {r.real_tokens} real / {r.padded_tokens} padded (padding efficiency {_num(r.padding_efficiency)}),"
+            f" {r.truncated_texts} texts truncated")
 
 
 @contextmanager

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
-def _figure():  # matplotlib is imported on first use: no work at import time, and the Agg backend (no screen)
+def _figure() -> tuple[Any, Any, Any]:  # matplotlib is imported on first use: no work at import time, Agg backend (no screen)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -17,7 +18,7 @@ def _figure():  # matplotlib is imported on first use: no work at import time, a
     return plt, *plt.subplots(figsize=(7, 3.2), dpi=100)
 
 
-def _png(plt, fig) -> bytes:  # noqa: ANN001 - matplotlib objects
+def _png(plt: Any, fig: Any) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png")

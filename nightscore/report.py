@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightscore.settings import Settings
 
+if TYPE_CHECKING:
+    from tasks.results import Published
 
-def cost(summary: dict[str, Any], settings: Settings) -> dict[str, float]:
+
+def cost(published: Published, settings: Settings) -> dict[str, float]:
     """Return GPU-hours (encode time on a GPU), instance-hours (wall) and the cost per 1k items at the hourly price."""
-    encode_s = float(summary.get("stage_seconds", {}).get("encode", 0.0))
-    on_gpu = str(summary.get("device", "")).startswith("cuda")
-    hours = float(summary.get("wall_seconds") or 0.0) / 3600
-    items = max(int(summary.get("rows_scored") or 0), 1)
-    return {"gpu_hours": encode_s / 3600 if on_gpu else 0.0, "instance_hours": hours,
+    record = published.record
+    encode_s = float(published.stage_seconds.get("encode", 0.0))
+    hours = float(record.wall_seconds or 0.0) / 3600
+    items = max(int(record.rows_scored or 0), 1)
+    return {"gpu_hours": encode_s / 3600 if record.device.startswith("cuda") else 0.0, "instance_hours": hours,
             "cost_per_1k_items": settings.hourly_price_usd * hours / items * 1000}
 
 
@@ -25,24 +28,28 @@ def _file_link(path: str) -> str:
     return path if "://" in path else f"file://{path}"
 
 
-def summary_markdown(summary: dict[str, Any], inputs: dict[str, str], settings: Settings, plots: dict[str, str]) -> str:
+def _number(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def summary_markdown(published: Published, inputs: dict[str, str], settings: Settings, plots: dict[str, str]) -> str:
     """Return the run's markdown summary: inputs, contracts, counts, speed, device, cost, and the plots."""
-    spend = cost(summary, settings)
+    spend, r = cost(published, settings), published.record
     rows = [
-        ("run", f"`{summary['run_id']}` ({summary.get('status', '?')}, run_date {summary.get('run_date')})"),
+        ("run", f"`{r.run_id}` ({r.status}, run_date {r.run_date})"),
         ("items input", f"`{inputs['items_uri']}`"), ("interactions input", f"`{inputs['interactions_uri']}`"),
-        ("contracts", f"row contracts and dataset suites passed; Data Docs: {_docs_links(summary.get('data_docs') or {})}"),
-        ("items in / quarantined", f"{summary.get('rows_in')} / {summary.get('rows_quarantined')}"),
-        ("interactions in / quarantined", f"{summary.get('interactions_in')} / {summary.get('interactions_quarantined')}"),
-        ("items scored (computed / reused)", f"{summary.get('rows_scored')} ({summary.get('rows_computed')} / {summary.get('rows_reused')})"),
-        ("users with candidates", str(summary.get("users_with_candidates"))),
-        ("padding efficiency", f"{float(summary.get('padding_efficiency') or 0):.3f}"),
-        ("texts/s (encode)", f"{float(summary.get('texts_per_s') or 0):.1f}"),
-        ("device", str(summary.get("device"))), ("wall", f"{float(summary.get('wall_seconds') or 0):.1f} s"),
+        ("contracts", f"row contracts and dataset suites passed; Data Docs: {_docs_links(published.data_docs)}"),
+        ("items in / quarantined", f"{r.rows_in} / {r.rows_quarantined}"),
+        ("interactions in / quarantined", f"{r.interactions_in} / {r.interactions_quarantined}"),
+        ("items scored (computed / reused)", f"{r.rows_scored} ({r.rows_computed} / {r.rows_reused})"),
+        ("users with candidates", str(r.users_with_candidates)),
+        ("padding efficiency", _number(r.padding_efficiency)),
+        ("texts/s (encode)", _number(r.texts_per_s, 1)),
+        ("device", r.device), ("wall", f"{r.wall_seconds:.1f} s"),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
         (f"cost per 1k items (at ${settings.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
-    lines = [f"# Scoring run {summary['run_id']}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    lines = [f"# Scoring run {r.run_id}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
     for title, uri in plots.items():
         lines += [f"### {title}", f"![{title}]({uri})", ""]
     return "\n".join(lines)

@@ -1,7 +1,22 @@
-"""The one settings object of nightscore: every option, its default, and its NIGHTSCORE_ variable."""
+"""The one settings object of nightscore: every option, its default, and its NIGHTSCORE_ variable.
+
+This is the only module that reads or writes the process environment (serving/config.py reads the
+service's own options): `load_settings` reads NIGHTSCORE_* variables, `apply_runtime_defaults` sets the
+switches of the libraries we drive (Prefect, Hugging Face, Great Expectations), and `child_environment`
+builds the environment of the processes we start (workers, servers, Ray workers).
+
+A flow run resolves its settings once (`current_settings`, in its first task) and hands them down in its
+run reference; a caller that runs a flow in-process with settings of its own (the CLI's ``--home``) passes
+them with `settings_scope`, never by writing variables.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
@@ -81,11 +96,6 @@ class Settings(BaseSettings):
         default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS), description="Weight of each event type in user vectors."
     )
 
-    # --- serving -----------------------------------------------------------------------------
-    serving_dir: Path | None = Field(None, description="Ranker model and feature tables for serving. Default <home>/serving.")
-    serving_max_in_flight: int = Field(256, ge=0, description="Requests in flight before the ranker answers 429.")
-    serving_fallback: bool = Field(True, description="Answer popular items when the cache is unreachable (else 503).")
-
     # --- contracts -------------------------------------------------------------------------
     quarantine_max_share: float = Field(
         0.05, ge=0, le=1, description="A dataset with a larger quarantined share fails the run (exit 3)."
@@ -145,16 +155,83 @@ class Settings(BaseSettings):
         return self.warehouse_url or str(self.home / "warehouse.duckdb")
 
     @property
-    def serving_root(self) -> Path:
-        """Return the folder of the ranker model and the serving feature tables."""
-        return self.serving_dir or self.home / "serving"
-
-    @property
     def cache_location(self) -> str:
         """Return the cache URL (redis://) or embedded store path."""
         return self.cache_url or str(self.home / "cache.sqlite")
 
 
+    @property
+    def logs_dir(self) -> Path:
+        """Return the folder of the log files (one per command or flow run)."""
+        return self.home / "logs"
+
+
 def load_settings(**overrides: object) -> Settings:
     """Return settings read from NIGHTSCORE_* variables, with explicit overrides on top."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+_SCOPED: ContextVar[Settings | None] = ContextVar("nightscore_settings", default=None)
+
+
+@contextmanager
+def settings_scope(settings: Settings) -> Iterator[Settings]:
+    """Make settings the ones flow runs started inside the block resolve (the CLI's --home and friends)."""
+    token = _SCOPED.set(settings)
+    try:
+        yield settings
+    finally:
+        _SCOPED.reset(token)
+
+
+def current_settings() -> Settings:
+    """Return the settings of the enclosing settings_scope, else those of this process's NIGHTSCORE_* variables."""
+    return _SCOPED.get() or load_settings()
+
+
+# Library switches: offline model libraries, no telemetry, a startup timeout a slow 2-core machine can meet.
+def _library_defaults(settings: Settings) -> dict[str, str]:
+    return {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(settings.prefect_startup_timeout_s),
+        "PREFECT_UI_ENABLED": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "true",
+        "GX_ANALYTICS_ENABLED": "False",
+    }
+
+
+def apply_runtime_defaults(settings: Settings) -> None:
+    """Set Prefect's, Hugging Face's and Great Expectations' process switches, never overriding the user's.
+
+    Prefect runs in its local ephemeral mode unless PREFECT_API_URL is set; model libraries are told they
+    are offline (the encoder's files ship inside a package; nothing may be downloaded).
+    """
+    for name, value in _library_defaults(settings).items():
+        os.environ.setdefault(name, value)
+
+
+# Variables a worker process needs besides NIGHTSCORE_*: where the Prefect API is, offline model libraries,
+# an S3 endpoint/region. Credentials stay in each node's own environment.
+PASSTHROUGH = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE",
+               "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "GX_ANALYTICS_ENABLED", "AWS_ENDPOINT_URL",
+               "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """Return NIGHTSCORE_* variables that reproduce settings in another process (home made absolute)."""
+    values = settings.model_dump(mode="json", exclude_defaults=True)
+    values["home"] = str(Path(settings.home).resolve())
+    return {f"NIGHTSCORE_{name.upper()}": v if isinstance(v, str) else json.dumps(v) for name, v in values.items()}
+
+
+def worker_environment(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the small environment of a remote worker (Ray): settings, library switches and PASSTHROUGH variables."""
+    env = {**_library_defaults(settings), **{k: v for k, v in os.environ.items() if k in PASSTHROUGH}}
+    return {**env, **settings_environment(settings), **(extra or {})}
+
+
+def child_environment(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the environment of a local child process (server, worker): this one's, plus settings and extra."""
+    return {**_library_defaults(settings), **os.environ, **settings_environment(settings), **(extra or {})}

@@ -12,12 +12,13 @@ import json
 import sys
 import time
 import urllib.request
+from typing import Any
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 
-def api_json(url: str, body: dict | None = None) -> object:
+def api_json(url: str, body: dict[str, Any] | None = None) -> Any:
     """Return the JSON answer of a GET (or POST with body) to the Prefect API."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -25,9 +26,9 @@ def api_json(url: str, body: dict | None = None) -> object:
         return json.loads(response.read())
 
 
-def runs_of(ui: str, deployment_id: str) -> list[dict]:
+def runs_of(ui: str, deployment_id: str) -> list[dict[str, Any]]:
     """Return the deployment's flow runs."""
-    return api_json(f"{ui}/api/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})  # type: ignore[return-value]
+    return api_json(f"{ui}/api/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
 
 
 def wait_new_run(ui: str, deployment_id: str, before: set[str], timeout_s: float = 60) -> str:

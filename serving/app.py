@@ -12,7 +12,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Path, Query
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -106,7 +106,7 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
     @app.get("/metrics")
     async def metrics_text() -> Response:
         """Return the Prometheus text exposition."""
-        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -144,7 +144,7 @@ def create_app(config: ServingConfig, *, cache: CandidateCache | None = None) ->
     owned = None if cache is not None else open_cache(config.cache_location, config.cache_prefix)
     metrics = Metrics()
     try:
-        recommender = build_recommender(config, cache or owned, metrics.fallback)  # type: ignore[arg-type]
+        recommender = build_recommender(config, cache or owned, metrics.fallback)  # type: ignore[arg-type]  # one is set
     except BaseException:
         if owned is not None:
             owned.close()
@@ -158,8 +158,7 @@ def create_app(config: ServingConfig, *, cache: CandidateCache | None = None) ->
     return app
 
 
-def run_server(config: ServingConfig, host: str = "127.0.0.1", port: int = 8000, *,
-               log_level: str = "info", torch_threads: int = 1) -> None:
+def run_server(config: ServingConfig, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
     """Serve the app under uvicorn until stopped (SIGINT/SIGTERM)."""
-    torch.set_num_threads(torch_threads)  # one tiny MLP per request: more intra-op threads only add overhead
+    torch.set_num_threads(config.torch_threads)  # one tiny MLP per request: more intra-op threads only add overhead
     uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False)

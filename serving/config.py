@@ -1,57 +1,39 @@
-"""The serving options: one small dataclass, built from nightscore Settings by serving_config."""
+"""The serving options: read from NIGHTSCORE_SERVING_* variables (the service's own), with the lake and cache of Settings.
+
+This module and nightscore/settings.py are the only ones that read the environment.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightscore.settings import Settings
+from storage.resources import lake_storage_options
 
 USER_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_N = 100
 DEFAULT_N = 10
 
 
-@dataclass(frozen=True)
-class ServingConfig:
-    """Every option of the online ranker, with its default.
+class ServingConfig(BaseSettings):
+    """Every option of the online ranker; each is also read as NIGHTSCORE_SERVING_<NAME> (where it lives comes from Settings)."""
 
-    Attributes:
-        cache_location: redis:// URL or SQLite path of the candidate cache.
-        cache_prefix: key prefix of the cache entries.
-        model_path: ranker state-dict file (its metadata sits next to it as .json).
-        item_features_path: Parquet item features table (models.ranker.item_features).
-        user_features_path: Parquet user-topic affinities (models.ranker.user_topic_affinity); None: affinity 0.
-        fallback_on_cache_error: answer popular items (200, "fallback": "popular") when the cache is down;
-            False answers 503.
-        max_in_flight: recommendation requests served at once; more are refused with 429.
-        features_refresh_s: how often the feature files are checked for a newer version (0: never).
-    """
+    model_config = SettingsConfigDict(env_prefix="NIGHTSCORE_SERVING_", frozen=True, extra="ignore")
 
-    cache_location: str
-    cache_prefix: str
-    model_path: Path
-    item_features_path: Path
-    user_features_path: Path | None = None
-    fallback_on_cache_error: bool = True
-    max_in_flight: int = 256
-    features_refresh_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.max_in_flight < 0 or self.features_refresh_s < 0:
-            raise ValueError("max_in_flight and features_refresh_s must not be negative")
+    cache_location: str = Field(description="redis:// URL or SQLite path of the candidate cache (from Settings).")
+    cache_prefix: str = Field("nightscore", description="Key prefix of the cache entries (from Settings).")
+    lake_root: str = Field(description="Lake holding the ranker and the feature tables (from Settings).")
+    lake_options: dict[str, Any] = Field(default_factory=dict, description="s3fs options of an s3:// lake (from Settings).")
+    fallback: bool = Field(True, description="Answer popular items (200, fallback popular) when the cache is down; else 503.")
+    max_in_flight: int = Field(256, ge=0, description="Recommendation requests served at once; more are refused with 429.")
+    model_refresh_s: float = Field(30.0, ge=0, description="How often the lake's current ranker is checked for a new one (0: never).")
+    torch_threads: int = Field(1, ge=1, description="Torch threads of the ranker's forward pass (a tiny MLP per request).")
 
 
-def serving_config(
-    settings: Settings, model_path: str | Path, item_features_path: str | Path,
-    user_features_path: str | Path | None = None, **overrides: object,
-) -> ServingConfig:
-    """Return the serving options: cache from settings, files as given, other fields from overrides or defaults."""
-    return ServingConfig(
-        cache_location=settings.cache_location,
-        cache_prefix=settings.cache_prefix,
-        model_path=Path(model_path),
-        item_features_path=Path(item_features_path),
-        user_features_path=None if user_features_path is None else Path(user_features_path),
-        **overrides,  # type: ignore[arg-type]
-    )
+def serving_config(settings: Settings, **overrides: Any) -> ServingConfig:
+    """Return the serving options: lake and cache from settings, the rest from overrides or NIGHTSCORE_SERVING_* variables."""
+    return ServingConfig(cache_location=settings.cache_location, cache_prefix=settings.cache_prefix,
+                         lake_root=settings.lake_root, lake_options=lake_storage_options(settings), **overrides)

@@ -13,10 +13,12 @@ import numpy as np
 import polars as pl
 
 from models.ranker import AFFINITY_COLUMNS, ITEM_FEATURE_COLUMNS, FeatureIndex, RankerModel, load_ranker, popular_items
-from nightscore.errors import CacheUnavailable, ModelLoadError
+from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
 from serving.config import MAX_N, ServingConfig
+from storage.artifacts import current_ranker, fetch_ranker, latest_features_run, read_features, scratch_dir
 from storage.cache import CandidateCache
 from storage.candidate_payload import decode_candidates
+from storage.lake import Lake
 
 log = logging.getLogger(__name__)
 
@@ -45,79 +47,107 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class FeatureSnapshot:
-    """Feature tables of one version of the files, with the popular items derived from them."""
+    """Feature tables of one published run, with the popular items derived from them."""
 
+    run_id: str
     index: FeatureIndex
     popular_ids: list[str]
     popular_scores: np.ndarray
-    stamp: tuple[int, ...]
 
 
-def _stamp(paths: list[Path]) -> tuple[int, ...]:
-    """Return (mtime_ns, size) of each file: what changes when a file is replaced."""
-    return tuple(v for p in paths for v in (p.stat().st_mtime_ns, p.stat().st_size))
-
-
-def load_features(item_path: Path, user_path: Path | None) -> FeatureSnapshot:
-    """Return the feature tables read from their Parquet files.
+def load_features(lake: Lake, run_id: str) -> FeatureSnapshot:
+    """Return a published run's feature tables, read from the lake.
 
     Raises:
-        ModelLoadError: a file is missing, unreadable or lacks a column.
+        ModelLoadError: the run has no feature tables, or they cannot be read.
     """
-    paths = [item_path] + ([user_path] if user_path else [])
     try:
-        stamp = _stamp(paths)
-        items = pl.read_parquet(item_path, columns=list(ITEM_FEATURE_COLUMNS))
-        empty = pl.DataFrame(schema={"user_id": pl.String, "topic": pl.String, "affinity": pl.Float64})
-        users = pl.read_parquet(user_path, columns=list(AFFINITY_COLUMNS)) if user_path else empty
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        raise ModelLoadError(f"cannot load feature tables {[str(p) for p in paths]}: {exc}") from exc
+        items, users = read_features(lake, run_id, list(ITEM_FEATURE_COLUMNS), list(AFFINITY_COLUMNS))
+    except (NightscoreError, OSError) as exc:
+        raise ModelLoadError(f"cannot load the feature tables of run {run_id}: {exc}") from exc
     ids, scores = popular_items(items, MAX_N)
-    return FeatureSnapshot(FeatureIndex(items, users), ids, scores, stamp)
+    return FeatureSnapshot(run_id, FeatureIndex(items, users), ids, scores)
 
 
-class FeatureFiles:
-    """The feature tables, reloaded when their files change (checked at most every refresh_s seconds)."""
+class FeatureStore:
+    """The feature tables of the runs the cache pointer names, loaded once per run (the last two kept)."""
 
-    def __init__(self, item_path: Path, user_path: Path | None, refresh_s: float) -> None:
-        self._paths = (item_path, user_path)
-        self._refresh_s = refresh_s
+    def __init__(self, lake: Lake, first_run: str) -> None:
+        self._lake = lake
         self._lock = threading.Lock()
-        self._snapshot = load_features(item_path, user_path)
-        self._checked = time.monotonic()
-        if user_path is None:
-            log.warning("no user features file: every topic affinity is 0 (the model was trained with them)")
+        self._snapshots: dict[str, FeatureSnapshot] = {}
+        self.latest = self._load(first_run)
 
-    def current(self) -> FeatureSnapshot:
-        """Return the newest loaded snapshot, reloading first when due and a file changed."""
+    def for_run(self, run_id: str) -> FeatureSnapshot:
+        """Return a run's features, loading them on first use; the latest loaded ones if the run has none."""
+        with self._lock:
+            if run_id in self._snapshots:
+                return self._snapshots[run_id]
+        try:
+            return self._load(run_id)
+        except ModelLoadError as exc:
+            log.error("serving run %s with the features of run %s: %s", run_id, self.latest.run_id, exc)
+            return self.latest
+
+    def _load(self, run_id: str) -> FeatureSnapshot:
+        snapshot = load_features(self._lake, run_id)
+        with self._lock:
+            self._snapshots[run_id] = snapshot
+            for old in list(self._snapshots)[:-2]:
+                del self._snapshots[old]
+            self.latest = snapshot
+        log.info("loaded the feature tables of run %s (%d items)", run_id, snapshot.index.n_items)
+        return snapshot
+
+
+class RankerFiles:
+    """The lake's current ranker, reloaded when a newer one becomes current (checked at most every refresh_s)."""
+
+    def __init__(self, lake: Lake, refresh_s: float) -> None:
+        self._lake, self._refresh_s = lake, refresh_s
+        self._lock = threading.Lock()
+        self.model = self._load()
+        self._checked = time.monotonic()
+
+    def _load(self) -> RankerModel:
+        version = current_ranker(self._lake)
+        if version is None:
+            raise ModelLoadError(f"no trained ranker in {self._lake.uri('models', 'ranker')}: run `nightscore run train-ranker`")
+        with scratch_dir("nightscore-serving-") as local:
+            try:
+                return load_ranker(fetch_ranker(self._lake, version, Path(local)))
+            except NightscoreError as exc:
+                raise ModelLoadError(f"cannot load ranker {version}: {exc}") from exc
+
+    def current(self) -> RankerModel:
+        """Return the loaded ranker, swapping in the lake's current one first when due and changed."""
         due = self._refresh_s > 0 and time.monotonic() - self._checked >= self._refresh_s
         if due and self._lock.acquire(blocking=False):  # one thread reloads; the others keep serving
             try:
                 self._checked = time.monotonic()
-                self._reload_if_changed()
+                if current_ranker(self._lake) != self.model.version:
+                    self.model = self._load()
+                    log.info("now serving ranker %s", self.model.version)
+            except (OSError, NightscoreError) as exc:
+                log.error("keeping ranker %s: %s", self.model.version, exc)
             finally:
                 self._lock.release()
-        return self._snapshot
-
-    def _reload_if_changed(self) -> None:
-        """Swap in the files' new version; keep the old one (and log) when they cannot be read."""
-        item_path, user_path = self._paths
-        try:
-            if _stamp([p for p in self._paths if p]) != self._snapshot.stamp:
-                self._snapshot = load_features(item_path, user_path)
-                log.info("reloaded feature tables (%d items)", self._snapshot.index.n_items)
-        except (OSError, ModelLoadError) as exc:
-            log.error("keeping the loaded feature tables: %s", exc)
+        return self.model
 
 
 class Recommender:
     """Ranks a user's cached candidates with the ranker; answers popular items when it cannot."""
 
-    def __init__(self, cache: CandidateCache, model: RankerModel, features: FeatureFiles,
+    def __init__(self, cache: CandidateCache, ranker: RankerFiles, features: FeatureStore,
                  fallback_on_cache_error: bool = True, on_fallback: Callable[[str], None] = lambda reason: None) -> None:
-        self.cache, self.model, self.features = cache, model, features
+        self.cache, self.ranker, self.features = cache, ranker, features
         self.fallback_on_cache_error = fallback_on_cache_error
         self._on_fallback = on_fallback
+
+    @property
+    def model(self) -> RankerModel:
+        """Return the ranker in use."""
+        return self.ranker.current()
 
     def recommend(self, user_id: str, n: int) -> Recommendation:
         """Return the top n of the user's candidates of the current run, or popular items.
@@ -145,14 +175,15 @@ class Recommender:
             return self.popular(user_id, n, "bad_payload")
         if not item_ids:
             return self.popular(user_id, n, "no_candidates")
-        scores = self.model.score(self.features.current().index.features(user_id, item_ids, retrieval))
+        model = self.model
+        scores = model.score(self.features.for_run(run_id).index.features(user_id, item_ids, retrieval))
         top = np.lexsort((np.arange(len(scores)), -scores))[:n]
-        return Recommendation(user_id, [item_ids[i] for i in top], scores[top].tolist(), run_id, self.model.version)
+        return Recommendation(user_id, [item_ids[i] for i in top], scores[top].tolist(), run_id, model.version)
 
     def popular(self, user_id: str, n: int, reason: str) -> Recommendation:
-        """Return the n most popular items, marked as a fallback with its reason."""
+        """Return the n most popular items of the latest loaded run, marked as a fallback with its reason."""
         self._on_fallback(reason)
-        snapshot = self.features.current()
+        snapshot = self.features.latest
         ids, scores = snapshot.popular_ids[:n], snapshot.popular_scores[:n].tolist()
         return Recommendation(user_id, ids, scores, None, None, POPULAR, reason)
 
@@ -165,15 +196,32 @@ class Recommender:
         return self.cache.ping()
 
 
-def build_recommender(config: ServingConfig, cache: CandidateCache, on_fallback: Callable[[str], None]) -> Recommender:
-    """Return a warmed-up Recommender: ranker and feature tables loaded from the configured files.
+def first_run(cache: CandidateCache, lake: Lake) -> str:
+    """Return the run whose features the service starts with: the cache's current one, else the lake's latest.
 
     Raises:
-        ModelLoadError: the model or a feature table cannot be loaded.
+        ModelLoadError: no run was ever published.
     """
-    model = load_ranker(config.model_path)
-    features = FeatureFiles(config.item_features_path, config.user_features_path, config.features_refresh_s)
-    recommender = Recommender(cache, model, features, config.fallback_on_cache_error, on_fallback)
+    try:
+        current = cache.current()
+    except CacheUnavailable:
+        current = None
+    latest = current or latest_features_run(lake)
+    if latest is None:
+        raise ModelLoadError("no published run to serve: run the nightly flow first")
+    return latest
+
+
+def build_recommender(config: ServingConfig, cache: CandidateCache, on_fallback: Callable[[str], None]) -> Recommender:
+    """Return a warmed-up Recommender: the lake's current ranker and the current run's feature tables.
+
+    Raises:
+        ModelLoadError: no ranker, or no feature tables of a published run.
+    """
+    lake = Lake(config.lake_root, config.lake_options)
+    ranker = RankerFiles(lake, config.model_refresh_s)
+    features = FeatureStore(lake, first_run(cache, lake))
+    recommender = Recommender(cache, ranker, features, config.fallback, on_fallback)
     recommender.warm_up()
-    log.info("ranker %s ready with %d items' features", model.version, features.current().index.n_items)
+    log.info("ranker %s ready with %d items' features", ranker.model.version, features.latest.index.n_items)
     return recommender

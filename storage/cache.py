@@ -382,7 +382,8 @@ class RedisCache(CandidateCache):
 
     def _get(self, key: str) -> bytes | None:
         with self._guard():
-            return self._client.get(key)
+            value = self._client.get(key)
+        return None if value is None else bytes(value)  # type: ignore[arg-type]  # redis-py types it bytes | str
 
     def _write_batch(self, items: list[Entry]) -> None:
         with self._guard():
@@ -436,7 +437,7 @@ class RedisCache(CandidateCache):
     def _purge_expired(self) -> None:
         """Forget expiring run ids whose entries Redis has already removed."""
         with self._guard():
-            members = {bytes(m).decode() for m in self._client.smembers(self.expiring_key)}
+            members = {bytes(m).decode() for m in self._client.smembers(self.expiring_key)}  # type: ignore[arg-type]
         gone = members - set(self.versions())
         if gone:
             with self._guard():

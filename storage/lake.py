@@ -110,16 +110,7 @@ class Lake:
 
     def write_json(self, payload: dict, uri: str) -> str:
         """Write a small JSON document atomically (temporary name, then rename) and return uri."""
-        fs, path = self._fs_path(uri)
-        data = json.dumps(payload, sort_keys=True, default=str).encode()
-        if "file" not in fs.protocol:
-            fs.pipe_file(path, data)  # one PUT: the object appears whole or not at all
-            return uri
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
-        return uri
+        return self.write_bytes(json.dumps(payload, sort_keys=True, default=str).encode(), uri)
 
     def read_json(self, uri: str) -> dict | None:
         """Return the JSON document at uri, or None if there is none."""
@@ -129,11 +120,24 @@ class Lake:
         except FileNotFoundError:
             return None
 
-    def write_bytes(self, data: bytes, uri: str) -> str:
-        """Write a small file (a PNG, say) whole and return uri."""
+    def read_bytes(self, uri: str) -> bytes:
+        """Return a small file's bytes; InputUnreadable when there is none."""
         fs, path = self._fs_path(uri)
+        try:
+            return bytes(fs.cat_file(path))
+        except FileNotFoundError as exc:
+            raise InputUnreadable(f"{uri}: not found") from exc
+
+    def write_bytes(self, data: bytes, uri: str) -> str:
+        """Write a small file (a PNG, a model) whole and atomically (temporary name, then rename; one PUT on S3)."""
+        fs, path = self._fs_path(uri)
+        if "file" not in fs.protocol:
+            fs.pipe_file(path, data)
+            return uri
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        fs.pipe_file(path, data)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, path)
         return uri
 
     def _fs_path(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:

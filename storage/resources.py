@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nightscore.settings import Settings
 from storage.cache import CandidateCache, open_cache
 from storage.lake import Lake
 from storage.warehouse import Warehouse, open_warehouse
 
-EMBEDDING_DIM = 384
 S3_SCHEMES = ("s3://", "s3a://")
 
 
-def lake_storage_options(settings: Settings) -> dict:
+def lake_storage_options(settings: Settings) -> dict[str, Any]:
     """Return the s3fs options of an s3:// lake from settings (endpoint, region); {} for a local lake.
 
     Credentials are left to s3fs/botocore (AWS_* variables, the AWS config or profile); AWS_ENDPOINT_URL
@@ -20,7 +21,7 @@ def lake_storage_options(settings: Settings) -> dict:
     if not settings.lake_root.startswith(S3_SCHEMES):
         return {}
     # Listings are not cached: several processes (tasks, resumed runs, analysts) write the same prefixes.
-    options: dict = {"use_listings_cache": False}
+    options: dict[str, Any] = {"use_listings_cache": False}
     if settings.s3_endpoint_url:
         options["endpoint_url"] = settings.s3_endpoint_url
     if settings.s3_region:
@@ -33,9 +34,9 @@ def lake_for(settings: Settings) -> Lake:
     return Lake(settings.lake_root, lake_storage_options(settings))
 
 
-def warehouse_for(settings: Settings) -> Warehouse:
-    """Return the warehouse adapter for settings.warehouse_location."""
-    return open_warehouse(settings.warehouse_location, embedding_dim=EMBEDDING_DIM)
+def warehouse_for(settings: Settings, embedding_dim: int | None = None) -> Warehouse:
+    """Return the warehouse adapter for settings.warehouse_location (embedding_dim: a run's, so it may create it)."""
+    return open_warehouse(settings.warehouse_location, embedding_dim=embedding_dim)
 
 
 def cache_for(settings: Settings) -> CandidateCache:

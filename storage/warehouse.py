@@ -8,18 +8,20 @@ SQL parameters are ``?`` placeholders on both backends.
 from __future__ import annotations
 
 import logging
-import time
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import duckdb
 import pyarrow as pa
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from nightscore.errors import NightscoreError, PublishError, UsageError
+from nightscore.errors import NightscoreError, PublishError, UsageError, WarehouseMissing
 from storage.warehouse_schema import (
     CANDIDATE_COLUMNS,
     ITEM_SCORE_COLUMNS,
@@ -27,6 +29,7 @@ from storage.warehouse_schema import (
     QUARANTINE_COLUMNS,
     RUN_COLUMNS,
     ddl,
+    object_names,
 )
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
 RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine")
 DUCKDB_MEMORY_LIMIT = "512MB"  # buffer pool of a write transaction; more spills to disk
-Rows = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
+Rows: TypeAlias = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
 
 
 class QueryResult:
@@ -49,8 +52,20 @@ class QueryResult:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
+@dataclass(frozen=True)
+class PublishedRun:
+    """The identity of a published run: what "the latest published run" resolves to."""
+
+    run_id: str
+    run_date: str  # YYYY-MM-DD
+
+
 class Warehouse(ABC):
-    """Where analysts read results: run records, item scores, candidates, quarantine."""
+    """Where analysts read results: run records, item scores, candidates, quarantine.
+
+    A warehouse is created by the first run that writes to it (the adapter then knows the embedding width);
+    an adapter opened without ``embedding_dim`` only reads and updates an existing one.
+    """
 
     @abstractmethod
     def record_run(self, run: dict[str, Any]) -> None:
@@ -84,7 +99,21 @@ class Warehouse(ABC):
 
     @abstractmethod
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
-        """Run read-only SQL (``?`` placeholders) and return its result."""
+        """Run read-only SQL (``?`` placeholders) and return its result; WarehouseMissing before the first run."""
+
+    def latest_published(self, excluding: str | None = None) -> PublishedRun | None:
+        """Return the latest published run (other than ``excluding``), or None when none has published yet.
+
+        The one lookup of "the latest published run" (the ``latest_*`` views order runs the same way). Only a
+        warehouse that does not exist yet means "none"; a locked or unreachable one raises.
+        """
+        sql = (f"SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id <> ? "
+               f"ORDER BY {NEWEST_FIRST} LIMIT 1")
+        try:
+            rows = self.query(sql, [excluding or ""]).rows
+        except WarehouseMissing:
+            return None
+        return PublishedRun(rows[0][0], rows[0][1]) if rows else None
 
 
 class Session(Protocol):
@@ -304,7 +333,7 @@ class DuckDBSession:
 class DuckDBWarehouse(SqlWarehouse):
     """A DuckDB file; a connection is held only while it is used, with bounded retry on locks."""
 
-    def __init__(self, path: str, embedding_dim: int = 384, lock_retries: int = 8, lock_backoff_s: float = 0.25,
+    def __init__(self, path: str, embedding_dim: int | None = None, lock_retries: int = 8, lock_backoff_s: float = 0.25,
                  memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
         self.path = path
         self.memory_limit = memory_limit
@@ -313,14 +342,15 @@ class DuckDBWarehouse(SqlWarehouse):
 
     @contextmanager
     def _transaction(self) -> Iterator[DuckDBSession]:
+        if self.embedding_dim is None and not Path(self.path).exists():
+            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         con = self._connect_with_retry(read_only=False)
         try:
             # DuckDB keeps a transaction's new rows in its buffer pool (default: 80% of RAM); a cap makes a big
             # publication spill to <file>.tmp instead of holding every embedding of the run in memory.
             con.execute(f"SET memory_limit = '{self.memory_limit}'")
-            for statement in ddl(self.embedding_dim, "duckdb"):
-                con.execute(statement)
+            self._ensure_tables(con)
             con.execute("BEGIN")
             try:
                 yield DuckDBSession(con)
@@ -331,27 +361,45 @@ class DuckDBWarehouse(SqlWarehouse):
         finally:
             con.close()
 
+    def _ensure_tables(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create missing tables and views (with the embedding width this adapter was opened with), or require them."""
+        if self.embedding_dim is not None:
+            for statement in ddl(self.embedding_dim, "duckdb"):
+                con.execute(statement)
+            self._check_width(con, self.embedding_dim)
+        elif _missing_duckdb_objects(con):
+            raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
+
+    def _check_width(self, con: duckdb.DuckDBPyConnection, width: int) -> None:
+        """Refuse a run whose embeddings do not fit the warehouse's item_scores.embedding column."""
+        row = con.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'item_scores' "
+                          "AND column_name = 'embedding'").fetchone()
+        declared = re.search(r"\[(\d+)\]", row[0]) if row else None
+        if declared and int(declared.group(1)) != width:
+            raise PublishError(f"warehouse {self.path} holds {declared.group(1)}-wide embeddings and this run's model makes "
+                               f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)")
+
     def _connect_with_retry(self, read_only: bool) -> duckdb.DuckDBPyConnection:
-        """Connect, retrying with backoff while another process holds the file's lock."""
-        delay = self.lock_backoff_s
-        error: type[NightscoreError] = UsageError if read_only else PublishError
-        for attempt in range(self.lock_retries + 1):
-            try:
-                return duckdb.connect(self.path, read_only=read_only)
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or attempt == self.lock_retries:
-                    raise error(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
-                log.warning("warehouse %s locked (attempt %d), retrying in %.2fs", self.path, attempt + 1, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+        """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock."""
+        retrying = Retrying(
+            retry=retry_if_exception(_is_lock_error), stop=stop_after_attempt(self.lock_retries + 1),
+            wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0), reraise=True,
+            before_sleep=lambda state: log.warning("warehouse %s locked (attempt %d), retrying", self.path, state.attempt_number),
+        )
+        try:
+            return retrying(duckdb.connect, self.path, read_only=read_only)
+        except duckdb.IOException as exc:
+            error: type[NightscoreError] = UsageError if read_only else PublishError
+            raise error(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
 
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
         """Run SQL on a read-only connection (waiting for a writer's lock) and return its result."""
         if not Path(self.path).exists():
-            raise UsageError(f"no warehouse at {self.path}: run `nightscore run nightly` first")
+            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
         con = self._connect_with_retry(read_only=True)
         try:
+            if _missing_duckdb_objects(con):
+                raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
             cursor = con.execute(sql, params or [])
             columns = [d[0] for d in cursor.description or []]
             return QueryResult(columns, cursor.fetchall())
@@ -359,15 +407,31 @@ class DuckDBWarehouse(SqlWarehouse):
             con.close()
 
 
+def _is_lock_error(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
+def _missing_duckdb_objects(con: duckdb.DuckDBPyConnection) -> int:
+    """Return how many of the warehouse's tables and views the DuckDB file lacks."""
+    names = object_names("duckdb")
+    marks = ", ".join("?" for _ in names)
+    row = con.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name IN ({marks})", names).fetchone()
+    return len(names) - int(row[0]) if row else len(names)
+
+
 def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def open_warehouse(location: str, embedding_dim: int = 384) -> Warehouse:
-    """Return the warehouse adapter for a location: a postgresql:// URL or a DuckDB file path."""
+def open_warehouse(location: str, embedding_dim: int | None = None) -> Warehouse:
+    """Return the warehouse adapter for a location: a postgresql:// URL or a DuckDB file path.
+
+    embedding_dim: the width of this run's embeddings, for the run that may create the tables; None to read and
+    update an existing warehouse only.
+    """
     if location.startswith(("postgresql://", "postgres://")):
         # psycopg is imported only when a PostgreSQL warehouse is used
         from storage.warehouse_postgres import PostgresWarehouse
 
-        return PostgresWarehouse(location)
+        return PostgresWarehouse(location, embedding_dim=embedding_dim)
     return DuckDBWarehouse(location, embedding_dim=embedding_dim)

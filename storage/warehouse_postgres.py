@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import errors as pg_errors
 
-from nightscore.errors import NightscoreError, PublishError, UsageError
+from nightscore.errors import NightscoreError, PublishError, UsageError, WarehouseMissing
 from storage.warehouse import QueryResult, SqlWarehouse
 from storage.warehouse_schema import ddl, kind, object_names
 
@@ -61,7 +61,7 @@ class PostgresSession:
 class PostgresWarehouse(SqlWarehouse):
     """A schema on a PostgreSQL server; one connection per operation, closed after it."""
 
-    def __init__(self, url: str, embedding_dim: int = 384, connect_timeout_s: int = 10, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10, lock_timeout_s: float = 120.0) -> None:
         self.url, self.where = url, redact(url)
         self.embedding_dim = embedding_dim
         self.connect_timeout_s, self.lock_timeout_s = connect_timeout_s, lock_timeout_s
@@ -85,7 +85,7 @@ class PostgresWarehouse(SqlWarehouse):
             raise PublishError(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
 
     def _ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
-        """Create the tables, views and indexes in the current schema unless they all exist."""
+        """Create the tables, views and indexes in the current schema unless they all exist (or require them)."""
         if self._tables_ready:
             return
         with conn.transaction():
@@ -93,8 +93,12 @@ class PostgresWarehouse(SqlWarehouse):
             if not _schema_exists(conn):
                 raise UsageError(f"warehouse {self.where}: no schema to write to (does the search_path schema exist?)")
             if _missing_objects(conn):
+                if self.embedding_dim is None:
+                    raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
                 for statement in ddl(self.embedding_dim, "postgres"):
                     conn.execute(statement)
+            if self.embedding_dim is not None:
+                _check_width(conn, self.embedding_dim, self.where)
         self._tables_ready = True
 
     @contextmanager
@@ -111,7 +115,7 @@ class PostgresWarehouse(SqlWarehouse):
             conn.execute("SET TRANSACTION READ ONLY")
             # This check also takes the snapshot, after which SET TRANSACTION READ WRITE is refused.
             if _missing_objects(conn):
-                raise UsageError(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
+                raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
             # prepare=True: a prepared statement holds exactly one command, so "...; COMMIT; ..." cannot escape.
             cursor = conn.execute(pg_sql(sql, bind=bool(params)), list(params or []), prepare=True)
             columns = [column.name for column in cursor.description or []]
@@ -121,6 +125,17 @@ class PostgresWarehouse(SqlWarehouse):
 def _schema_exists(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT current_schema()").fetchone()
     return row is not None and row[0] is not None
+
+
+def _check_width(conn: psycopg.Connection[Any], width: int, where: str) -> None:
+    """Refuse a run whose embeddings do not fit the schema's item_scores.embedding check (cardinality = width)."""
+    row = conn.execute(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c WHERE c.conrelid = to_regclass('item_scores') "
+        "AND c.contype = 'c' AND pg_get_constraintdef(c.oid) LIKE '%cardinality(embedding)%'").fetchone()
+    declared = re.search(r"=\s*(\d+)", row[0]) if row else None
+    if declared and int(declared.group(1)) != width:
+        raise PublishError(f"warehouse {where} holds {declared.group(1)}-wide embeddings and this run's model makes "
+                           f"{width}-wide ones: publish to a new schema or database (NIGHTSCORE_WAREHOUSE_URL)")
 
 
 def _missing_objects(conn: psycopg.Connection[Any]) -> int:

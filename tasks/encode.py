@@ -1,30 +1,85 @@
-"""Tasks around the model: plan the shards, encode one shard (holding a slot of the gpu concurrency limit)."""
+"""The `encode-shard` node (mapped over the plan's shards): embed one shard, holding a slot of the gpu limit.
+
+Checkpoints: a shard is done when ``shards/shard-NNNNN-<key>.done`` exists. Its Parquet file is written first
+(temporary name, then rename), the marker last, so a run killed at any moment never leaves a half-written
+shard that looks done. The key hashes the vectors' version, the encode settings and the shard's
+(item_id, content_hash) rows: a re-run of the same run reuses every done shard; anything that changes the
+shard's vectors changes its key.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Iterator
+from pathlib import Path
+from uuid import UUID
 
+import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
-from nightscore.stages import encode as stage
-from storage.resources import lake_for, warehouse_for
-from tasks.common import context, settings
-from tasks.report import report_progress, start_progress
+from models.encoder import EncoderSpec, get_encoder, spec_version
+from models.engine import encode_texts
+from nightscore import progress as local_progress
+from nightscore.settings import Settings
+from nightscore.stop import fault_point, raise_if_stopped
+from storage.resources import lake_for
+from tasks.results import EncodeTotals, Plan, RunRef, ShardResult
+
+log = logging.getLogger(__name__)
 
 
-@task(name="plan-shards", cache_policy=NO_CACHE)
-def plan_shards(run: dict[str, str], validated: dict[str, object]) -> dict[str, object]:
-    """Produce plan.parquet and reused.parquet (vectors of unchanged items); return the shard numbers and the progress artifact."""
-    cfg = settings()
-    lake = lake_for(cfg)
-    planned = stage.plan_shards(lake, context(run), cfg, stage.previous_vectors(lake, warehouse_for(cfg)))
-    progress = {"artifact_id": start_progress(len(planned["shards"])), "shards": planned["shards"]}
-    return {**planned, "progress": progress}
+def encoder_spec(settings: Settings) -> EncoderSpec:
+    """Return the encoder spec the settings ask for."""
+    return EncoderSpec(settings.encoder, settings.device, settings.precision, settings.max_seq_length, settings.num_threads)
+
+
+@task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
+def encode_shard(run: RunRef, plan: Plan, shard: int) -> ShardResult:
+    """Produce shards/shard-NNNNN-<key>.parquet with the shard's embeddings unless its checkpoint is done."""
+    with gpu_slot(run.settings.gpu_limit):
+        result = encode_one(run, plan, shard)
+    report_progress(plan, shard)
+    return result
+
+
+def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
+    """Return the shard's checkpoint when done, else encode it, write it and commit its marker."""
+    lake, cfg = lake_for(run.settings), run.settings
+    rows = lake.read_parquet(plan.plan_uri, "plan", columns=["item_id", "text", "content_hash", "shard"],
+                             where=pl.col("shard") == shard)  # only this shard's rows: the plan holds the whole run
+    spec = encoder_spec(cfg)
+    base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, spec_version(spec), cfg)}")
+    done = lake.read_json(f"{base}.done")
+    if done is not None:
+        log.info("shard %d: reused checkpoint %s.parquet (%d texts)", shard, base, done["texts"])
+        return ShardResult.from_marker(done)
+    encoder = get_encoder(spec)
+    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), cfg.token_budget,
+                                  before_batch=lambda: raise_if_stopped(f"shard {shard}"))
+    frame = rows.select("item_id").with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, encoder.dim)))
+    lake.write_parquet(frame, f"{base}.parquet")
+    result = ShardResult(shard, f"{base}.parquet", str(encoder.device), encoder.version, stats.texts, stats.real_tokens,
+                         stats.padded_tokens, stats.truncated, stats.batches, stats.oom_splits, stats.seconds,
+                         encoder.load_seconds)
+    lake.write_json(result.as_json(), f"{base}.done")  # the commit: only now is the shard done
+    log.info("shard %d: %d texts, %.0f texts/s, padding efficiency %.3f", shard, stats.texts,
+             stats.texts / max(stats.seconds, 1e-9), stats.padding_efficiency)
+    fault_point(f"shard:{shard}", cfg.fault_pause_at, Path(cfg.home) / "faults")
+    return result
+
+
+def shard_key(rows: pl.DataFrame, version: str, settings: Settings) -> str:
+    """Return the checkpoint key of a shard: its vectors' version, encode settings and (item, content) rows."""
+    digest = hashlib.sha256(f"{version}|{settings.max_seq_length}|{settings.token_budget}".encode())
+    for item_id, chash in rows.select("item_id", "content_hash").sort("item_id").iter_rows():
+        digest.update(f"\n{item_id}:{chash}".encode())
+    return digest.hexdigest()[:16]
 
 
 @lru_cache(maxsize=8)
@@ -60,19 +115,26 @@ def gpu_slot(limit: str | None) -> Iterator[None]:
         yield
 
 
-@task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
-def encode_shard(run: dict[str, str], shard: int, progress: dict[str, object] | None = None) -> dict[str, object]:
-    """Produce shards/shard-NNNNN.parquet with the shard's embeddings; return its encode stats."""
-    cfg = settings()
-    with gpu_slot(cfg.gpu_limit):
-        result = stage.encode_shard(lake_for(cfg), context(run), cfg, shard)
-    if progress:
-        order: list[int] = list(progress["shards"])  # type: ignore[arg-type]
-        report_progress(progress.get("artifact_id"), order.index(shard) + 1, len(order))  # type: ignore[arg-type]
-    return result
+def report_progress(plan: Plan, shard: int) -> None:
+    """Move the encode progress artifact (and a local progress bar, if one listens) past this shard."""
+    from prefect.artifacts import update_progress_artifact
+
+    done, total = plan.shards.index(shard) + 1, len(plan.shards)
+    local_progress.report("encode", done, total)
+    if plan.progress_artifact:
+        update_progress_artifact(UUID(plan.progress_artifact), 100.0 * done / max(total, 1),
+                                 description=f"Encode: {done} of {total} shard(s) done")
 
 
 @task(name="merge-encode-stats", cache_policy=NO_CACHE)
-def merge_encode_stats(shards: list[dict[str, object]], planned: dict[str, object]) -> dict[str, object]:
-    """Return the run's encode stats: shards computed now summed, reused rows and shards counted."""
-    return stage.merge_shard_stats(shards, planned)
+def merge_encode_stats(shards: Sequence[ShardResult], plan: Plan) -> EncodeTotals:
+    """Return the run's encode totals: counters of the shards computed now summed, reuse counted apart."""
+    computed = [s for s in shards if not s.reused]
+    return EncodeTotals(
+        texts=sum(s.texts for s in computed), real_tokens=sum(s.real_tokens for s in computed),
+        padded_tokens=sum(s.padded_tokens for s in computed), truncated=plan.truncated,
+        batches=sum(s.batches for s in computed), oom_splits=sum(s.oom_splits for s in computed),
+        seconds=sum(s.seconds for s in computed), shards=len(shards), shards_reused=len(shards) - len(computed),
+        device=computed[0].device if computed else "none", model_version=plan.model_version,
+        rows_reused=plan.rows_reused, rows_computed=plan.rows_computed,
+        load_seconds=max((s.load_seconds for s in computed), default=0.0))

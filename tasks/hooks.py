@@ -1,4 +1,4 @@
-"""Flow state hooks: a run that fails or is cancelled is recorded as such in scoring_runs."""
+"""Flow state hooks: a run that fails or is cancelled is recorded as such, and its caller is called back."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import logging
 from typing import Any
 
 from nightscore.callback import completion_payload, post_json
-from nightscore.errors import RunInterrupted
+from nightscore.errors import RunInterrupted, WarehouseMissing
+from nightscore.settings import current_settings
 from storage.resources import warehouse_for
-from tasks.common import settings
+from tasks.results import Published
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,9 @@ log = logging.getLogger(__name__)
 def _mark(flow_run: Any, state: Any, status: str) -> None:
     message = " ".join(str(state.message or state.name).split())
     try:
-        warehouse_for(settings()).mark_run(str(flow_run.id), status, message)
+        warehouse_for(current_settings()).mark_run(str(flow_run.id), status, message)
+    except WarehouseMissing:
+        return  # the run failed before it recorded anything
     except Exception as exc:  # noqa: BLE001 - a hook must never mask the run's own failure
         log.warning("could not record run %s as %s: %s", flow_run.id, status, exc)
 
@@ -45,7 +48,8 @@ def _callback_url(flow_run: Any) -> str | None:
 
 def _run_id(flow_run_id: str) -> str | None:
     try:
-        rows = warehouse_for(settings()).query("SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id]).rows
+        rows = warehouse_for(current_settings()).query(
+            "SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id]).rows
     except Exception:  # noqa: BLE001 - the callback still goes out without a run id
         return None
     return rows[0][0] if rows else None
@@ -56,13 +60,13 @@ def call_back(flow: Any, flow_run: Any, state: Any) -> None:
     url = _callback_url(flow_run)
     if not url:
         return
-    summary = None
+    published = None
     if state.is_completed():
         try:
-            summary = state.result(raise_on_failure=False)
+            published = state.result(raise_on_failure=False)
         except Exception:  # noqa: BLE001 - results are not persisted; counts are optional
-            summary = None
-    payload = completion_payload(str(flow_run.id), state.type.value, summary if isinstance(summary, dict) else None,
+            published = None
+    payload = completion_payload(str(flow_run.id), state.type.value, published if isinstance(published, Published) else None,
                                  _run_id(str(flow_run.id)), None if state.is_completed() else state.message)
     if not post_json(url, payload):
         log.warning("callback to %s gave up; the run's own state is unaffected", url)

@@ -1,20 +1,25 @@
-"""Run report on the flow run's page: markdown summary with plots, stage timings, encode progress (artifacts)."""
+"""The `report-run` node: the run's page in the Prefect UI (markdown summary with plots, stage timings) and its plots in the lake.
+
+Also the encode progress artifact, created at planning and moved by each shard.
+"""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
 
+import numpy as np
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
-from nightscore import progress as local_progress
+from nightscore import plots as draw
 from nightscore.report import summary_markdown, timing_rows
-from nightscore.stages import report as stage
+from nightscore.run_context import run_folder
+from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from tasks.common import context, settings
+from storage.warehouse import Warehouse
+from tasks.results import Published, RunRef, Stages
 
 
 def artifact_key(kind: str) -> str:
@@ -29,27 +34,53 @@ def start_progress(shards: int) -> str:
                                         description=f"Encode: {shards} shard(s) to do"))
 
 
-def report_progress(artifact_id: str | None, done: int, total: int) -> None:
-    """Move the encode progress artifact (and a local progress bar, if one listens) to done/total."""
-    local_progress.report("encode", done, total)
-    if artifact_id:
-        update_progress_artifact(artifact_id, 100.0 * done / max(total, 1), description=f"Encode: {done} of {total} shard(s) done")
+@task(name="report-run", cache_policy=NO_CACHE)
+def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, str]:
+    """Produce the run's plots (report/*.png in the run folder) and its summary and timing artifacts; return the PNG URIs."""
+    lake = lake_for(run.settings)
+    pngs = plots(lake, warehouse_for(run.settings), run, stages)
+    uris = save_plots(lake, run, pngs)
+    markdown = summary_markdown(published, {"items_uri": run.items_uri, "interactions_uri": run.interactions_uri},
+                                run.settings, {title: _data_uri(png) for title, png in pngs.items()})
+    create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {run.run_id}: summary and plots")
+    create_table_artifact(timing_rows(published.stage_seconds), key=artifact_key("stage-timings"),
+                          description=f"Run {run.run_id}: seconds per stage")
+    return uris
 
 
 def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-@task(name="report-run", cache_policy=NO_CACHE)
-def report_run(run: dict[str, str], summary: dict[str, Any]) -> dict[str, str]:
-    """Produce the run's plots (report/*.png in the run folder) and its summary and timing artifacts; return the PNG URIs."""
-    cfg, ctx = settings(), context(run)
-    lake = lake_for(cfg)
-    plots = stage.plots(lake, warehouse_for(cfg), ctx, cfg)
-    uris = stage.save_plots(lake, ctx, plots)
-    markdown = summary_markdown(summary, {"items_uri": ctx.items_uri, "interactions_uri": ctx.interactions_uri}, cfg,
-                                {title: _data_uri(png) for title, png in plots.items()})
-    create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {ctx.run_id}: summary and plots")
-    create_table_artifact(timing_rows(summary.get("stage_seconds", {})), key=artifact_key("stage-timings"),
-                          description=f"Run {ctx.run_id}: seconds per stage")
+def previous_scores(lake: Lake, warehouse: Warehouse, run: RunRef) -> tuple[str, np.ndarray] | None:
+    """Return (run_id, topic_scores) of the latest publication before this run, or None."""
+    previous = warehouse.latest_published(excluding=run.run_id)
+    if previous is None:
+        return None
+    uri = f"{run_folder(lake.uri, previous.run_date, previous.run_id)}/item_scores.parquet"
+    if not lake.exists(uri):
+        return None
+    return previous.run_id, lake.read_parquet(uri, "item_scores", columns=["topic_score"]).get_column("topic_score").to_numpy()
+
+
+def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict[str, bytes]:
+    """Return the run's PNG plots by title: topic distribution, token lengths, topic_score vs the previous run."""
+    scores = lake.read_parquet(stages.scored.uri, "item_scores", columns=["topic", "topic_score"])
+    shares = scores.group_by("topic").len().sort("len", descending=True)
+    lengths = lake.read_parquet(stages.plan.plan_uri, "plan", columns=["token_count"]).get_column("token_count").to_numpy()
+    previous = previous_scores(lake, warehouse, run)
+    return {
+        "Topic distribution": draw.topic_distribution(shares.get_column("topic").to_list(), shares.get_column("len").to_list()),
+        "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.bucket_boundaries),
+        "topic_score vs the previous run": draw.score_distributions(
+            scores.get_column("topic_score").to_numpy(), previous[1] if previous else None, previous[0] if previous else None),
+    }
+
+
+def save_plots(lake: Lake, run: RunRef, pngs: dict[str, bytes]) -> dict[str, str]:
+    """Write the plots to <run>/report/<name>.png in the lake; return their URIs by title."""
+    uris = {}
+    for title, png in pngs.items():
+        name = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+        uris[title] = lake.write_bytes(png, run.path(f"report/{name}.png"))
     return uris

@@ -17,15 +17,10 @@ from prefect.futures import PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from nightscore.errors import UsageError
-from nightscore.settings import Settings, load_settings
+from nightscore.settings import Settings, apply_runtime_defaults, current_settings, load_settings, worker_environment
 
 log = logging.getLogger(__name__)
 
-# Variables Ray workers need besides NIGHTSCORE_*: where the Prefect API is, offline model libraries,
-# an S3 endpoint/region. Credentials are left to each node's own environment (runtime_env is visible
-# in Ray's dashboard).
-WORKER_ENV_NAMES = ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                    "TOKENIZERS_PARALLELISM", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
 SETUP_HOOK = "tasks.runner.setup_worker"
 
 
@@ -59,7 +54,7 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
     def __enter__(self) -> "SettingsTaskRunner":
         if in_ray_worker():  # Prefect re-enters the flow's runner around each task it runs on Ray
             return self._start(ThreadPoolTaskRunner(max_workers=1))
-        cfg = load_settings()
+        cfg = current_settings()
         self._start(build_runner(cfg))
         self._options = remote_resources(cfg) if cfg.task_runner == "ray" else {}
         log.info("task runner: %s%s", cfg.task_runner, f" (each submitted task: {self._options})" if self._options else "")
@@ -152,12 +147,12 @@ def shard_threads(cfg: Settings) -> int:
 
 
 def worker_env(cfg: Settings, api_url: str) -> dict[str, str]:
-    """Return the environment of Ray workers: every NIGHTSCORE_* variable, the Prefect API URL, torch threads."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("NIGHTSCORE_") or k in WORKER_ENV_NAMES}
-    env["NIGHTSCORE_HOME"] = str(cfg.home.resolve())  # workers may start in another folder
-    env["NIGHTSCORE_NUM_THREADS"] = str(shard_threads(cfg))  # Ray would leave torch at one thread
-    env["PREFECT_API_URL"] = api_url
-    return env
+    """Return the environment of Ray workers: the run's settings as NIGHTSCORE_* variables, the Prefect API, torch threads.
+
+    Credentials are left to each node's own environment (runtime_env is visible in Ray's dashboard).
+    """
+    # Ray would leave torch at one thread; the Prefect API is the run's, whatever the worker's profile says.
+    return worker_environment(cfg, {"NIGHTSCORE_NUM_THREADS": str(shard_threads(cfg)), "PREFECT_API_URL": api_url})
 
 
 def remote_resources(cfg: Settings) -> dict[str, Any]:
@@ -176,9 +171,9 @@ def remote_resources(cfg: Settings) -> dict[str, Any]:
 def setup_worker() -> None:
     """Prepare a Ray worker process: nightscore's logs at INFO, offline model libraries, torch threads."""
     from models.encoder import configure_threads
-    from nightscore.runtime import configure_logging, configure_runtime
+    from nightscore.logs import configure_logging
 
     cfg = load_settings()
-    configure_runtime(cfg)
+    apply_runtime_defaults(cfg)
     configure_logging()
     log.info("ray worker %d ready: %d torch threads", os.getpid(), configure_threads(cfg.num_threads))

@@ -21,7 +21,7 @@ import pytest
 from nightscore.demo_data import generate_demo_data
 from nightscore.errors import InputUnreadable
 from nightscore.settings import Settings
-from nightscore.stages.check import check_inputs
+from nightscore.check import check_inputs
 from storage.lake import Lake
 
 NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)

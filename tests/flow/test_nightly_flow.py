@@ -43,21 +43,21 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
     items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
     summary = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
 
-    assert summary["status"] == "published"
-    assert summary["rows_in"] == summary["rows_scored"] + summary["rows_quarantined"] == 300
+    assert summary.record.status == "published"
+    assert summary.record.rows_in == summary.record.rows_scored + summary.record.rows_quarantined == 300
     assert scalar("select count(*) from latest_item_scores") == 300
     assert scalar("select count(distinct user_id) from latest_user_candidates") == interactions["user_id"].n_unique()
     assert scalar("select max(c) from (select count(*) c from latest_user_candidates group by user_id)") == 20
     assert scalar("select count(*) from scoring_runs where status = 'published'") == 1
-    assert 0 < summary["padding_efficiency"] <= 1
-    assert summary["real_tokens"] > 0
-    assert 0 <= summary["recall_at_k"] <= 1 and 0 <= summary["popularity_ndcg_at_10"] <= 1
-    assert scalar("select recall_at_k from latest_run") == pytest.approx(summary["recall_at_k"])
+    assert 0 < summary.record.padding_efficiency <= 1
+    assert summary.record.real_tokens > 0
+    assert 0 <= summary.record.recall_at_k <= 1 and 0 <= summary.record.popularity_ndcg_at_10 <= 1
+    assert scalar("select recall_at_k from latest_run") == pytest.approx(summary.record.recall_at_k)
 
     cache = cache_for(load_settings())
     run_id, blob = cache.read(interactions["user_id"][0])
     item_ids, scores = decode_candidates(blob)
-    assert run_id == summary["run_id"] and len(item_ids) == 20
+    assert run_id == summary.run_id and len(item_ids) == 20
     assert list(scores) == sorted(scores, reverse=True)
     published = warehouse_for(load_settings()).query(
         "select item_id from latest_user_candidates where user_id = ? order by rank", [interactions["user_id"][0]])
@@ -73,12 +73,12 @@ def test_bad_rows_are_quarantined_and_the_rest_scored(tiny: Path, tmp_path: Path
     items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
     summary = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
 
-    assert summary["rows_quarantined"] == 1 and summary["rows_scored"] == 299
+    assert summary.record.rows_quarantined == 1 and summary.record.rows_scored == 299
     reasons = warehouse_for(load_settings()).query("select dataset, row_key, rule from quarantine").rows
     assert ("items", items["item_id"][5], "text:not_blank") in reasons
     # interactions of the quarantined item are quarantined with their own reason, not dropped silently
     bad_item_events = interactions.filter(pl.col("item_id") == items["item_id"][5]).height
-    assert summary["interactions_quarantined"] == bad_item_events
+    assert summary.record.interactions_quarantined == bad_item_events
 
 
 def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_path: Path) -> None:
@@ -95,11 +95,11 @@ def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_pa
     with pytest.raises(ContractViolation, match="items: 40 of 200 rows quarantined"):
         nightly(run_date="2026-12-01", items_uri=bad_items, interactions_uri=bad_inter)
 
-    assert scalar("select run_id from latest_run") == good["run_id"]
+    assert scalar("select run_id from latest_run") == good.run_id
     assert scalar("select count(*) from item_scores") == 200
     assert scalar("select status from scoring_runs where run_date = date '2026-12-01'") == "failed"
     assert scalar("select count(*) from quarantine q join scoring_runs r using (run_id) where r.status = 'failed' and q.dataset = 'items'") == 40
-    assert cache.read(user) == before and cache.current() == good["run_id"]
+    assert cache.read(user) == before and cache.current() == good.run_id
 
 
 def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) -> None:
@@ -119,17 +119,17 @@ def test_republishing_a_run_date_replaces_its_rows(tiny: Path, tmp_path: Path) -
     first = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
     second = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
 
-    assert first["run_id"] != second["run_id"]
+    assert first.run_id != second.run_id
     assert scalar("select count(*) from item_scores") == 120
-    assert scalar("select run_id from latest_run") == second["run_id"]
-    assert scalar(f"select status from scoring_runs where run_id = '{first['run_id']}'") == "replaced"
+    assert scalar("select run_id from latest_run") == second.run_id
+    assert scalar(f"select status from scoring_runs where run_id = '{first.run_id}'") == "replaced"
 
 
 def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path) -> None:
     """Hive partitions mirror the warehouse; rollback moves views and cache together; drift fails the output suite."""
     import duckdb
 
-    from nightscore.stages.publish import rollback
+    from storage.publication import rollback
 
     items, interactions = generate_demo_data(200, 40, seed=8)
     items_uri, inter_uri = write_inputs(tmp_path / "in", items, interactions)
@@ -141,15 +141,15 @@ def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path
     assert [(str(d), n) for d, n in hive] == [("2026-11-29", 200), (RUN_DATE, 200)]
 
     cache = cache_for(load_settings())
-    assert rollback(warehouse_for(load_settings()), cache) == (second["run_id"], first["run_id"])
-    assert scalar("select run_id from latest_run") == first["run_id"] and cache.current() == first["run_id"]
+    assert rollback(warehouse_for(load_settings()), cache) == (second.run_id, first.run_id)
+    assert scalar("select run_id from latest_run") == first.run_id and cache.current() == first.run_id
 
     drifted = items.with_columns(pl.lit("football match").alias("title"),
                                  pl.lit("the striker scored a goal in the league match at the stadium").alias("body"))
     drift_items, _ = write_inputs(tmp_path / "drift", drifted, interactions)
     with pytest.raises(ContractViolation, match="dataset suite failed: item_scores"):
         nightly(run_date="2026-12-02", items_uri=drift_items, interactions_uri=inter_uri)
-    assert scalar("select run_id from latest_run") == first["run_id"] and cache.current() == first["run_id"]
+    assert scalar("select run_id from latest_run") == first.run_id and cache.current() == first.run_id
 
 
 def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_path: Path) -> None:
@@ -157,7 +157,6 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     from fastapi.testclient import TestClient
 
     from flows.train_ranker import train_ranker
-    from nightscore.stages.ranking import ITEM_FILE, MODEL_FILE, USER_FILE
     from serving.app import create_app
     from serving.config import serving_config
 
@@ -165,13 +164,12 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     published = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
                         interactions_uri=str(tmp_path / "in" / "interactions.parquet"))
     trained = train_ranker(TrainRankerParams())
-    assert 0.0 <= trained["metrics"]["auc"] <= 1.0
+    assert 0.0 <= trained.metrics["auc"] <= 1.0 and trained.trained_on == published.run_id
     cfg = load_settings()
-    root = cfg.serving_root
-    with TestClient(create_app(serving_config(cfg, root / MODEL_FILE, root / ITEM_FILE, root / USER_FILE))) as client:
+    with TestClient(create_app(serving_config(cfg))) as client:
         user = interactions["user_id"][0]
         body = client.get(f"/v1/users/{user}/recommendations", params={"n": 5}).json()
-        assert body["run_id"] == published["run_id"] and body["model_version"] == trained["version"]
+        assert body["run_id"] == published.run_id and body["model_version"] == trained.version
         assert not body["fallback"] and len(body["items"]) == 5
         candidates = {r[0] for r in warehouse_for(cfg).query(
             "select item_id from latest_user_candidates where user_id = ?", [user]).rows}

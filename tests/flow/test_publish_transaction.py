@@ -36,31 +36,31 @@ def test_partition_failure_after_the_commit_retracts_warehouse_and_cache(tiny: P
         nightly(inputs(tmp_path / "b", 2, "2026-11-30"))
 
     warehouse = warehouse_for(cfg)
-    assert warehouse.query("select run_id from latest_run").rows == [(first["run_id"],)]
+    assert warehouse.query("select run_id from latest_run").rows == [(first.run_id,)]
     statuses = dict(warehouse.query("select run_date::varchar, status from scoring_runs").rows)
     assert statuses == {"2026-11-29": "published", "2026-11-30": "failed"}
     with cache_for(cfg) as cache:
-        assert cache.current() == first["run_id"]
-        assert cache.versions() == [first["run_id"]]  # the failed run's staged version was rolled back too
+        assert cache.current() == first.run_id
+        assert cache.versions() == [first.run_id]  # the failed run's staged version was rolled back too
 
     blocker.unlink()  # the next night publishes normally
     third = nightly(inputs(tmp_path / "c", 3, "2026-12-01"))
-    assert warehouse.query("select run_id from latest_run").rows == [(third["run_id"],)]
+    assert warehouse.query("select run_id from latest_run").rows == [(third.run_id,)]
 
 
 def test_a_failing_step_after_publish_rolls_back_the_publication_through_its_hook(
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = nightly(inputs(tmp_path / "a", 1, "2026-11-29"))
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("serving features cannot be written under a file")
-    monkeypatch.setenv("NIGHTSCORE_SERVING_DIR", str(blocked))  # the step after publish (serving features) fails
+    serving = Path(load_settings().lake_root) / "serving"
+    serving.rename(serving.with_name("serving-before"))
+    serving.write_text("serving features cannot be written under a file")  # the step after publish fails
 
     with pytest.raises(Exception):
         nightly(inputs(tmp_path / "b", 2, "2026-11-30"))
 
     cfg = load_settings()
     warehouse = warehouse_for(cfg)
-    assert warehouse.query("select run_id from latest_run").rows == [(first["run_id"],)]
+    assert warehouse.query("select run_id from latest_run").rows == [(first.run_id,)]
     assert dict(warehouse.query("select run_date::varchar, status from scoring_runs").rows)["2026-11-30"] == "failed"
     with cache_for(cfg) as cache:
-        assert cache.current() == first["run_id"] and cache.versions() == [first["run_id"]]
+        assert cache.current() == first.run_id and cache.versions() == [first.run_id]

@@ -55,7 +55,7 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
     inter_uri = lake.write_parquet(interactions, f"{s3_bucket}/incoming/interactions.parquet")
     remote = run_nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
 
-    assert local["status"] == remote["status"] == "published"
+    assert local.record.status == remote.record.status == "published"
     assert local_scores.height == 300 and local_candidates.height == 60 * 20
     assert warehouse_frame(SCORES).equals(local_scores)
     assert warehouse_frame(CANDIDATES).equals(local_candidates)
@@ -69,7 +69,7 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
     assert hive_candidates.select(local_candidates.columns).sort("user_id", "rank").equals(local_candidates)
 
     docs = json.loads(warehouse_for(load_settings()).query(
-        "select data_docs from scoring_runs where run_id = ?", [remote["run_id"]]).rows[0][0])
+        "select data_docs from scoring_runs where run_id = ?", [remote.run_id]).rows[0][0])
     assert set(docs) == {"items", "interactions", "item_scores", "user_candidates"}
     for index in docs.values():
         assert index.startswith(f"{s3_bucket}/lake/runs/{RUN_DATE}/") and index.endswith("/index.html")
@@ -78,7 +78,7 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
     # the next night on S3: published vectors reused from the S3 run folder, a second partition beside the first
     nxt = run_nightly(run_date=NEXT_DATE, items_uri=items_uri, interactions_uri=inter_uri)
     reused, computed = warehouse_for(load_settings()).query(
-        "select rows_reused, rows_computed from scoring_runs where run_id = ?", [nxt["run_id"]]).rows[0]
+        "select rows_reused, rows_computed from scoring_runs where run_id = ?", [nxt.run_id]).rows[0]
     assert (reused, computed) == (300, 0)
     with duckdb_lake.connect(lake) as con:
         per_date = duckdb_lake.read_partitions(con, lake, "user_candidates").aggregate("run_date, count(*)").order("run_date")

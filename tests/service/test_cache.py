@@ -384,8 +384,8 @@ def test_sqlite_file_from_before_expiry_is_upgraded(tmp_path: Path) -> None:
 
 
 def test_rollback_twice_reaches_an_expiring_version_and_keeps_it(location: tuple[str, str], tmp_path: Path) -> None:
-    """`nightscore cache rollback` (stages.publish.rollback) on a real DuckDB warehouse, through an expiring version."""
-    from nightscore.stages.publish import drop_old_versions, rollback
+    """`nightscore cache rollback` (storage.publication.rollback) on a real DuckDB warehouse, through an expiring version."""
+    from storage.publication import rollback
     from storage.warehouse import open_warehouse
     from tests.storage.test_warehouse import publish as publish_run
 
@@ -394,7 +394,7 @@ def test_rollback_twice_reaches_an_expiring_version_and_keeps_it(location: tuple
         for day, run_id in enumerate(("r1", "r2", "r3"), start=1):
             cache.write_version(run_id, _entries(run_id))
             publish_run(wh, run_id, f"2026-11-0{day}", before_commit=lambda r=run_id: cache.switch_current(r))
-            drop_old_versions(cache)
+            cache.retire_old_versions()
         assert None not in _ttls(location, "r1")
         assert rollback(wh, cache) == ("r3", "r2") and cache.current() == "r2"
         assert rollback(wh, cache) == ("r2", "r1") and cache.read("u0") == ("r1", _payload("r1"))

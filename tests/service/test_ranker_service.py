@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ from models.ranker import (
     embedding_retrieval,
     hashed_text_vectors,
     item_features,
+    metadata_path,
     popular_items,
     retrieval_candidates,
     save_ranker,
@@ -39,8 +40,10 @@ from nightscore.errors import ModelLoadError
 from nightscore.settings import DEFAULT_EVENT_WEIGHTS, Settings
 from serving.app import create_app
 from serving.config import ServingConfig, serving_config
-from storage.cache import CandidateCache, RedisCache
+from storage.artifacts import publish_ranker, write_features
+from storage.cache import CandidateCache, RedisCache, SqliteCache
 from storage.candidate_payload import encode_candidates
+from storage.lake import Lake
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 HALF_LIFE_DAYS = 14.0
@@ -52,12 +55,10 @@ Candidates = dict[str, tuple[list[str], np.ndarray]]
 
 @dataclass(frozen=True)
 class Artifacts:
-    """The trained ranker and feature files of the module, and the demo candidates to publish."""
+    """The module's lake (trained ranker current, feature tables of runs r1 and r2) and the demo candidates to publish."""
 
     model: RankerModel
-    model_path: Path
-    items_path: Path
-    users_path: Path
+    lake_root: Path
     features: FeatureIndex
     candidates: Candidates
     popular: list[str]
@@ -78,10 +79,10 @@ def publish(cache: CandidateCache, run_id: str, candidates: Candidates) -> None:
     cache.switch_current(run_id)
 
 
-def config_for(art: Artifacts, location: str, prefix: str, **overrides: object) -> ServingConfig:
-    """Return a ServingConfig over the module's files and the given cache."""
-    settings = Settings(cache_url=location, cache_prefix=prefix)
-    return serving_config(settings, art.model_path, art.items_path, art.users_path, **overrides)
+def config_for(art: Artifacts, location: str, prefix: str, lake_root: Path | None = None, **overrides: object) -> ServingConfig:
+    """Return a ServingConfig over the module's lake (or another one) and the given cache."""
+    settings = Settings(cache_url=location, cache_prefix=prefix, lake_url=str(lake_root or art.lake_root))
+    return serving_config(settings, **overrides)
 
 
 def recommend(client: TestClient, user_id: str, n: int = 10) -> dict:
@@ -117,15 +118,16 @@ def art(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     scores = items.select("item_id", "topic", pl.Series("topic_score", np.random.default_rng(0).uniform(0.4, 1.0, items.height)))
     vectors = hashed_text_vectors(items)
     model = train_ranker(items, interactions, scores, embedding_retrieval(vectors, DEFAULT_EVENT_WEIGHTS, HALF_LIFE_DAYS))
-    folder = tmp_path_factory.mktemp("ranker")
+    folder, lake_root = tmp_path_factory.mktemp("ranker"), tmp_path_factory.mktemp("lake")
+    lake = Lake(str(lake_root))
     table = item_features(items, interactions, scores, DEMO_BASE_TIME)
     affinity = user_topic_affinity(interactions, table, DEMO_BASE_TIME)
-    table.write_parquet(folder / "item_features.parquet")
-    affinity.write_parquet(folder / "user_features.parquet")
+    for run_id in ("r1", "r2"):
+        write_features(lake, run_id, table, affinity)
+    path = save_ranker(model, folder / "ranker.pt")
+    publish_ranker(lake, model.version, path, metadata_path(path))
     frame = retrieval_candidates(vectors, interactions, DEMO_BASE_TIME, N_CANDIDATES, DEFAULT_EVENT_WEIGHTS, HALF_LIFE_DAYS)
-    return Artifacts(model, save_ranker(model, folder / "ranker.pt"), folder / "item_features.parquet",
-                     folder / "user_features.parquet", FeatureIndex(table, affinity), _candidates_by_user(frame),
-                     popular_items(table, 100)[0])
+    return Artifacts(model, lake_root, FeatureIndex(table, affinity), _candidates_by_user(frame), popular_items(table, 100)[0])
 
 
 @pytest.fixture
@@ -265,10 +267,10 @@ def test_health_readiness_and_metrics(client: TestClient, art: Artifacts) -> Non
     recommend(client, "nobody")
     client.get("/v1/users/bad%20id/recommendations")
     text = client.get("/metrics").text
-    assert 'nightscore_requests_total{endpoint="recommendations",status="200"} 2' in text
-    assert 'nightscore_requests_total{endpoint="recommendations",status="422"} 1' in text
-    assert 'nightscore_fallbacks_total{reason="unknown_user"} 1' in text
-    assert 'nightscore_request_seconds_count{endpoint="recommendations"} 3' in text
+    assert 'nightscore_requests_total{endpoint="recommendations",status="200"} 2.0' in text
+    assert 'nightscore_requests_total{endpoint="recommendations",status="422"} 1.0' in text
+    assert 'nightscore_fallbacks_total{reason="unknown_user"} 1.0' in text
+    assert 'nightscore_request_seconds_count{endpoint="recommendations"} 3.0' in text
 
 
 # --- failures ---------------------------------------------------------------------------------
@@ -276,7 +278,7 @@ def test_health_readiness_and_metrics(client: TestClient, art: Artifacts) -> Non
 
 def test_unreachable_cache_is_503_without_fallback(art: Artifacts) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    with TestClient(create_app(config_for(art, dead, "nstest-dead", fallback_on_cache_error=False))) as client:
+    with TestClient(create_app(config_for(art, dead, "nstest-dead", fallback=False))) as client:
         response = client.get("/v1/users/user-00001/recommendations")
         assert response.status_code == 503 and response.json()["error"] == "CacheUnavailable"
         assert response.headers["retry-after"] == "1"
@@ -297,7 +299,7 @@ def test_overload_is_429(cache: RedisCache, art: Artifacts) -> None:
         response = client.get("/v1/users/user-00001/recommendations")
         assert response.status_code == 429 and response.json()["error"] == "Overloaded"
         assert client.get("/healthz").status_code == 200  # probes are never refused
-        assert 'endpoint="recommendations",status="429"} 1' in client.get("/metrics").text
+        assert 'endpoint="recommendations",status="429"} 1.0' in client.get("/metrics").text
 
 
 class BlockingCache(RedisCache):
@@ -347,10 +349,21 @@ def test_redis_stopped_and_restarted_mid_test(own_redis: dict[str, object], art:
             back = recommend(client, user_id)
             assert back["fallback"] is None and back["run_id"] == "r1"
             text = client.get("/metrics").text
-            assert 'nightscore_fallbacks_total{reason="cache_unavailable"} 1' in text
+            assert 'nightscore_fallbacks_total{reason="cache_unavailable"} 1.0' in text
 
 
-def test_missing_model_file_fails_at_creation(art: Artifacts, tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError):
-        create_app(replace(config_for(art, str(tmp_path / "c.sqlite"), "p"), model_path=tmp_path / "none.pt"))
+def test_missing_ranker_or_features_fail_at_creation(art: Artifacts, tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no trained ranker"):
+        create_app(config_for(art, str(tmp_path / "c.sqlite"), "p", lake_root=tmp_path / "empty-lake"))
+    ranker_only = Lake(str(tmp_path / "ranker-only"))
+    path = save_ranker(art.model, tmp_path / "ranker.pt")
+    publish_ranker(ranker_only, art.model.version, path, metadata_path(path))
+    with pytest.raises(ModelLoadError, match="no published run to serve"):  # a ranker, but no run anywhere
+        create_app(config_for(art, str(tmp_path / "c.sqlite"), "p", lake_root=tmp_path / "ranker-only"))
+    cache = SqliteCache(tmp_path / "c9.sqlite", "p")
+    cache.write_version("r9", iter([("u", encode_candidates(["i"], [1.0]))]))
+    cache.switch_current("r9")
+    cache.close()
+    with pytest.raises(ModelLoadError, match="run r9"):  # the cache names a run without feature tables
+        create_app(config_for(art, str(tmp_path / "c9.sqlite"), "p"))
 

@@ -427,7 +427,7 @@ def hold_write_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
 
 def test_duckdb_publish_waits_for_a_lock_then_succeeds(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
-    wh = DuckDBWarehouse(str(path), lock_retries=10, lock_backoff_s=0.2)
+    wh = DuckDBWarehouse(str(path), embedding_dim=DIM, lock_retries=10, lock_backoff_s=0.2)
     publish(wh, "r1", date(2026, 11, 29))
     holder = hold_write_lock(path, 1.0)
     publish(wh, "r2", date(2026, 11, 30))
@@ -437,11 +437,11 @@ def test_duckdb_publish_waits_for_a_lock_then_succeeds(tmp_path: Path) -> None:
 
 def test_duckdb_publish_gives_up_on_a_held_lock_with_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
-    publish(DuckDBWarehouse(str(path)), "r1", date(2026, 11, 29))
+    publish(DuckDBWarehouse(str(path), embedding_dim=DIM), "r1", date(2026, 11, 29))
     holder = hold_write_lock(path, 30)
     try:
         with pytest.raises(PublishError, match="locked by another process"):
-            publish(DuckDBWarehouse(str(path), lock_retries=2, lock_backoff_s=0.05), "r2", date(2026, 11, 30))
+            publish(DuckDBWarehouse(str(path), embedding_dim=DIM, lock_retries=2, lock_backoff_s=0.05), "r2", date(2026, 11, 30))
         with pytest.raises(UsageError, match="locked by another process"):
             DuckDBWarehouse(str(path), lock_retries=1, lock_backoff_s=0.05).query("select 1")
     finally:
@@ -498,14 +498,14 @@ def test_postgres_missing_schema_is_a_usage_error(pg_server: str) -> None:
 
 
 def test_postgres_writers_wait_for_the_schema_lock_then_give_up(pg_schema: str) -> None:
-    publish(open_warehouse(pg_schema), "r1", date(2026, 11, 29))
+    publish(open_warehouse(pg_schema, embedding_dim=DIM), "r1", date(2026, 11, 29))
     with psycopg.connect(pg_schema) as holder:
         holder.execute(LOCK_SQL)  # held until this transaction ends
         with pytest.raises(PublishError, match="locked by another writer"):
-            publish(PostgresWarehouse(pg_schema, lock_timeout_s=0.3), "r2", date(2026, 11, 30))
+            publish(PostgresWarehouse(pg_schema, embedding_dim=DIM, lock_timeout_s=0.3), "r2", date(2026, 11, 30))
         assert one(open_warehouse(pg_schema), "select run_id from latest_run") == "r1"  # readers are not blocked
         holder.rollback()
-    publish(PostgresWarehouse(pg_schema, lock_timeout_s=0.3), "r2", date(2026, 11, 30))
+    publish(PostgresWarehouse(pg_schema, embedding_dim=DIM, lock_timeout_s=0.3), "r2", date(2026, 11, 30))
     assert one(open_warehouse(pg_schema), "select run_id from latest_run") == "r2"
 
 
@@ -514,7 +514,7 @@ def test_postgres_concurrent_publishers_both_land(pg_schema: str) -> None:
 
     def publish_in_thread(run_id: str, day: int) -> None:
         try:
-            publish(open_warehouse(pg_schema), run_id, date(2026, 11, day), n=50 * day)
+            publish(open_warehouse(pg_schema, embedding_dim=DIM), run_id, date(2026, 11, day), n=50 * day)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 

@@ -11,6 +11,7 @@ from typing import Any
 import pydantic
 import pytest
 
+from tests.helpers import published
 from deployments.definitions import QUEUE_PRIORITIES, deployment_specs
 from deployments.trigger import default_idempotency_key
 from flows.params import BackfillParams, NightlyParams, OnDemandParams
@@ -79,23 +80,23 @@ class _Flaky(BaseHTTPRequestHandler):
 def test_callback_retries_until_accepted_and_gives_up_without_raising() -> None:
     server = HTTPServer(("127.0.0.1", 0), _Flaky)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    payload = completion_payload("fr-1", "COMPLETED", {"run_id": "r1", "rows_scored": 5, "other": 1}, None)
+    payload = completion_payload("fr-1", "COMPLETED", published(rows_scored=5), None)
     try:
         assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=4, backoff_s=0.01)
     finally:
         server.shutdown()
         server.server_close()  # the port now refuses connections
-    assert len(_Flaky.bodies) == 3 and _Flaky.bodies[-1]["counts"] == {"rows_scored": 5}
+    assert len(_Flaky.bodies) == 3 and _Flaky.bodies[-1]["counts"]["rows_scored"] == 5
+    assert _Flaky.bodies[-1]["run_id"] == "r1" and _Flaky.bodies[-1]["counts"]["cache_entries"] == 10
     assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=2, backoff_s=0.01, timeout_s=2) is False
 
 
 def test_report_cost_and_markdown() -> None:
     settings = Settings(hourly_price_usd=3.6)
-    summary = {"run_id": "r1", "status": "published", "wall_seconds": 100.0, "rows_scored": 2000, "device": "cuda:0",
-               "stage_seconds": {"encode": 36.0, "publish": 4.0}, "data_docs": {"items": "/lake/docs/index.html"}}
+    summary = published()
     spend = cost(summary, settings)
     assert spend["gpu_hours"] == pytest.approx(0.01) and spend["cost_per_1k_items"] == pytest.approx(0.05)
-    assert cost({**summary, "device": "cpu"}, settings)["gpu_hours"] == 0.0
+    assert cost(published(device="cpu"), settings)["gpu_hours"] == 0.0
     text = summary_markdown(summary, {"items_uri": "i", "interactions_uri": "x"}, settings, {"Topics": "data:image/png;base64,AA"})
     assert "[items](file:///lake/docs/index.html)" in text and "![Topics](data:image/png;base64,AA)" in text
-    assert [r["share"] for r in timing_rows(summary["stage_seconds"])] == ["90.0%", "10.0%"]
+    assert [r["share"] for r in timing_rows(summary.stage_seconds)] == ["90.0%", "10.0%"]

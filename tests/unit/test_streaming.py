@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from data_contracts.outputs import item_score_failures
-from nightscore.stages import scoring
-from nightscore.stages.scoring import RangeSpill, range_bounds
+from tasks import score as scoring
+from tasks.score import RangeSpill, range_bounds
 from storage.lake import Lake
 from storage.warehouse import DuckDBWarehouse
 

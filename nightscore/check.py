@@ -1,4 +1,4 @@
-"""`nightscore contracts check`: the input contracts on a pair of files, without scoring anything."""
+"""`nightscore contracts check`: the input contracts on a pair of files, without scoring anything (no Prefect)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import polars as pl
 
-from data_contracts.datasets import DatasetReport, render_failures, validate_dataset
+from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, InputRules, validate_interactions, validate_items
 from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
 from nightscore.errors import InputUnreadable
 from nightscore.settings import Settings
-from nightscore.stages.contracts import suite_params
 from storage.lake import Lake
 
 
@@ -50,7 +49,7 @@ def check_inputs(lake: Lake, settings: Settings, items_uri: str, interactions_ur
     quarantine = pl.concat([q_items, q_inter])
     by_rule = quarantine.group_by("dataset", "rule", maintain_order=True).agg(
         pl.len().alias("failures"), pl.col("value").first().alias("example")).sort("failures", descending=True)
-    params = suite_params(settings)
+    params = SuiteParams.from_settings(settings)
     suites = [validate_dataset("items", items, None, params), validate_dataset("interactions", interactions, None, params)]
     return InputCheck(by_rule, {"items": raw_items.height, "interactions": raw_inter.height},
                       {"items": raw_items.height - items.height, "interactions": raw_inter.height - interactions.height}, suites)

@@ -1,25 +1,13 @@
-"""What every task shares: settings, adapters, and the retry rule for I/O tasks."""
+"""The retry rule of I/O tasks: retry what a second attempt can fix (transport, locks), never bad data."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from nightscore.errors import CacheUnavailable, ContractViolation
-from nightscore.run_context import RunContext
-from nightscore.settings import Settings, load_settings
 
 IO_RETRIES = 2
-IO_RETRY_DELAYS = [1, 4]
-
-
-def settings() -> Settings:
-    """Return the settings of this process (NIGHTSCORE_* variables)."""
-    return load_settings()
-
-
-def context(run: dict[str, str]) -> RunContext:
-    """Return the RunContext a task received as a plain dict."""
-    return RunContext(**run)
+IO_RETRY_DELAYS: list[float] = [1.0, 4.0]
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:

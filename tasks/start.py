@@ -1,0 +1,147 @@
+"""The `start-run` node: resolve the run's settings once, open a new run or resume an unfinished one.
+
+Resume rule (documented in the README): without --resume, a run for a run_date resumes the most recent
+attempt of that flow and date if it did not publish (running, interrupted or failed) and read the same
+input URIs; otherwise it starts a new run. ``--resume RUN_ID`` resumes that run.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import fields, replace
+from datetime import date, datetime, timezone
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from models.encoder import embedding_dim
+from nightscore.demo_data import generate_demo_data
+from nightscore.errors import UsageError, WarehouseMissing
+from nightscore.run_context import RunContext, make_run_id, parse_run_date, run_folder
+from nightscore.settings import Settings, apply_runtime_defaults, current_settings
+from nightscore.stop import chain_stop_handler
+from storage.lake import Lake
+from storage.publication import reconcile_cache
+from storage.resources import cache_for, lake_for, warehouse_for
+from storage.warehouse import Warehouse
+from tasks.encode import encoder_spec
+from tasks.results import RunRef
+
+log = logging.getLogger(__name__)
+
+RESUMABLE = ("running", "interrupted", "failed")
+DEMO_ITEMS, DEMO_USERS, DEMO_SEED = 2000, 500, 0
+
+
+@task(name="start-run", cache_policy=NO_CACHE)
+def start_run(flow_name: str, run_date: str | date | None, items_uri: str | None, interactions_uri: str | None,
+              resume: str | None = None) -> RunRef:
+    """Return the run's reference (a resumed unfinished run, or a new one) and record it as running."""
+    chain_stop_handler()  # runs in the flow's main thread: SIGTERM now also stops worker threads gracefully
+    cfg = current_settings()
+    apply_runtime_defaults(cfg)
+    lake, dim = lake_for(cfg), embedding_dim(encoder_spec(cfg))
+    warehouse = warehouse_for(cfg, dim)
+    with cache_for(cfg) as cache:
+        reconcile_cache(warehouse, cache)
+    run = _open(lake, warehouse, flow_name, run_date, items_uri, interactions_uri, resume)
+    warehouse.record_run({"run_id": run.run_id, "flow_run_id": str(flow_run.get_id()), "flow_name": flow_name,
+                          "run_date": run.date, "status": "running", "started_at": datetime.fromisoformat(run.started_at)})
+    return run_ref(run, cfg, dim)
+
+
+def _open(lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str | date | None, items_uri: str | None,
+          interactions_uri: str | None, resume: str | None) -> RunContext:
+    """Return the context of the run to do: the one resumed, the unfinished one of the same inputs, or a new one."""
+    if resume:
+        return _resumed(load_run(lake, warehouse, resume))
+    day = parse_run_date(run_date, datetime.now(timezone.utc).date())
+    items, interactions = run_inputs(lake, items_uri, interactions_uri)
+    unfinished = find_resumable(lake, warehouse, flow_name, day, items, interactions)
+    if unfinished is not None:
+        return _resumed(unfinished)
+    return new_run(lake, flow_name, day, items, interactions, str(flow_run.get_id() or uuid.uuid4()))
+
+
+def _resumed(run: RunContext) -> RunContext:
+    """Return a resumed run's context with this attempt's start time."""
+    get_run_logger().info("resuming run %s: finished shards will be reused", run.run_id)
+    return replace(run, started_at=datetime.now(timezone.utc).isoformat())
+
+
+def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) -> tuple[str, str]:
+    """Return the run's input URIs: both given, or the demo inputs in the lake (written on first use)."""
+    if not items_uri and not interactions_uri:
+        return ensure_demo_inputs(lake)
+    if not (items_uri and interactions_uri):
+        raise UsageError("give both --items and --interactions, or neither for the demo inputs")
+    return items_uri, interactions_uri
+
+
+def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED) -> tuple[str, str]:
+    """Return (items URI, interactions URI) of the demo inputs in the lake, generating them if absent."""
+    items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
+    if not (lake.exists(items_uri) and lake.exists(inter_uri)):
+        items, interactions = generate_demo_data(n_items, n_users, seed)
+        lake.write_parquet(items, items_uri)
+        lake.write_parquet(interactions, inter_uri)
+        log.info("wrote demo inputs: %d items, %d interactions", items.height, interactions.height)
+    return items_uri, inter_uri
+
+
+def _latest_attempt(warehouse: Warehouse, flow_name: str, run_date: str) -> tuple[str, str] | None:
+    """Return (run_id, status) of the newest attempt of a flow and date, or None."""
+    try:
+        rows = warehouse.query(
+            "SELECT run_id, status FROM scoring_runs WHERE flow_name = ? AND CAST(run_date AS VARCHAR) = ? "
+            "ORDER BY started_at DESC LIMIT 1", [flow_name, run_date]).rows
+    except WarehouseMissing:
+        return None
+    return (rows[0][0], rows[0][1]) if rows else None
+
+
+def find_resumable(lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str, items_uri: str,
+                   interactions_uri: str) -> RunContext | None:
+    """Return the unfinished run of this flow, date and inputs, or None."""
+    latest = _latest_attempt(warehouse, flow_name, run_date)
+    if latest is None or latest[1] not in RESUMABLE:
+        return None
+    saved = lake.read_json(f"{run_folder(lake.uri, run_date, latest[0])}/run.json")
+    if saved is None or (saved["items_uri"], saved["interactions_uri"]) != (items_uri, interactions_uri):
+        return None
+    return RunContext(**saved)
+
+
+def load_run(lake: Lake, warehouse: Warehouse, run_id: str) -> RunContext:
+    """Return the saved context of run_id for --resume; UsageError if it does not exist or already published."""
+    rows = warehouse.query("SELECT CAST(run_date AS VARCHAR), status FROM scoring_runs WHERE run_id = ?", [run_id]).rows
+    if not rows:
+        raise UsageError(f"no run {run_id} to resume")
+    if rows[0][1] not in RESUMABLE:
+        raise UsageError(f"run {run_id} is {rows[0][1]}: only running, interrupted or failed runs resume")
+    return saved_run(lake, rows[0][0], run_id)
+
+
+def saved_run(lake: Lake, run_date: str, run_id: str) -> RunContext:
+    """Return a run's context from its run.json in the lake; UsageError when it has none."""
+    saved = lake.read_json(f"{run_folder(lake.uri, run_date, run_id)}/run.json")
+    if saved is None:
+        raise UsageError(f"run {run_id} has no saved context in the lake")
+    return RunContext(**saved)
+
+
+def new_run(lake: Lake, flow_name: str, run_date: str, items_uri: str, interactions_uri: str, unique: str) -> RunContext:
+    """Return a fresh run context and save it as run.json in its folder."""
+    run_id = make_run_id(flow_name, run_date, unique)
+    run = RunContext(run_id, flow_name, run_date, items_uri, interactions_uri, run_folder(lake.uri, run_date, run_id),
+                     datetime.now(timezone.utc).isoformat())
+    lake.write_json(run.as_dict(), run.path("run.json"))
+    return run
+
+
+def run_ref(run: RunContext, settings: Settings, dim: int | None = None) -> RunRef:
+    """Return the reference of a run (its identity, as run.json holds it) with the settings it runs under."""
+    width = dim if dim is not None else embedding_dim(encoder_spec(settings))
+    return RunRef(**{f.name: getattr(run, f.name) for f in fields(RunContext)}, settings=settings, embedding_dim=width)

@@ -1,0 +1,66 @@
+"""Log lines name the Prefect run they come from; failures render as one line where tracebacks are not wanted."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from nightscore.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
+from nightscore.logs import OneLine, RunNameFilter
+
+FORMAT = "%(name)s%(run)s: %(message)s"
+
+
+def formatted(**extra: str) -> str:
+    """Return one record with extra attributes, formatted as configure_logging formats it."""
+    record = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, "Finished in state Completed()", None, None)
+    record.__dict__.update(extra)
+    RunNameFilter().filter(record)
+    return logging.Formatter(FORMAT).format(record)
+
+
+def test_task_run_name_is_in_the_line() -> None:
+    line = formatted(task_run_name="encode-shard-3", flow_run_name="brave-fox")
+    assert line == "prefect.task_runs [encode-shard-3]: Finished in state Completed()"
+
+
+def test_flow_run_name_when_no_task() -> None:
+    assert formatted(flow_run_name="brave-fox") == "prefect.task_runs [brave-fox]: Finished in state Completed()"
+
+
+def test_plain_records_are_unchanged() -> None:
+    assert formatted() == "prefect.task_runs: Finished in state Completed()"
+
+
+def failure_record(exc: BaseException) -> logging.LogRecord:
+    """Return the record Prefect's engine logs for a failed task: its message with the exception's traceback."""
+    try:
+        raise exc
+    except BaseException:
+        info = sys.exc_info()
+    return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "Task run failed with exception: %r", (exc,), info)
+
+
+@pytest.mark.parametrize("expected_only", [True, False])
+def test_expected_failures_render_without_their_traceback(expected_only: bool) -> None:
+    record = failure_record(ContractViolation("items: 40 of 200 rows quarantined"))
+    text = OneLine(logging.Formatter("%(message)s"), expected_only).format(record)
+    assert "Traceback" not in text and "40 of 200 rows quarantined" in text
+    assert record.exc_info is not None  # the record is untouched: the log file still gets the traceback
+    assert "Traceback" in logging.Formatter("%(message)s").format(record)
+
+
+def test_unexpected_failures_keep_their_traceback_where_only_expected_ones_lose_it() -> None:
+    record = failure_record(KeyError("boom"))
+    assert "Traceback" in OneLine(logging.Formatter("%(message)s"), expected_only=True).format(record)
+    assert "Traceback" not in OneLine(logging.Formatter("%(message)s"), expected_only=False).format(record)
+
+
+@pytest.mark.parametrize(("exc", "code"), [
+    (ContractViolation("x"), 3), (InputUnreadable("x"), 3), (UsageError("x"), 2), (RunInterrupted("x"), 143),
+    (KeyboardInterrupt(), 130), (NightscoreError("x"), 1), (KeyError("x"), 1),
+])
+def test_one_table_maps_errors_to_exit_codes(exc: BaseException, code: int) -> None:
+    assert exit_code_for(exc) == code
