@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import polars as pl
@@ -164,7 +165,7 @@ def _stages(stdout: str) -> dict[str, float]:
 FINISHED = re.compile(r"prefect\.task_runs \[([\w-]+?)(?:-\w+)?\]: Finished in state")
 
 
-def _tee_stderr(stream, logfile, events: list[tuple[float, str]]) -> None:
+def _tee_stderr(stream: IO[str], logfile: IO[str], events: list[tuple[float, str]]) -> None:
     """Copy the run's stderr to its log; note when each task run finished (for the per-task RSS table)."""
     for line in stream:
         logfile.write(line)
@@ -225,7 +226,7 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
 def table(results: list[Result]) -> str:
     """Return the side-by-side table: one column per size and one of ratios last/first."""
     names = list(dict.fromkeys(name for r in results for name in r.stages))
-    rows = [("items", [r.items for r in results]), ("exit code", [r.rc for r in results]),
+    rows: list[tuple[str, list[float | int]]] = [("items", [r.items for r in results]), ("exit code", [r.rc for r in results]),
             ("wall s", [r.wall_s for r in results]), ("flow peak RSS MiB", [r.flow_peak_mib for r in results]),
             ("server peak RSS MiB", [r.server_peak_mib for r in results])]
     rows += [(f"  stage {n} s", [r.stages.get(n, float("nan")) for r in results]) for n in names]

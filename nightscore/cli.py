@@ -369,8 +369,12 @@ def _fail(exc: BaseException) -> int:
         typer.echo(f"nightscore: error: {text}", err=True)
         log.debug("failure details", exc_info=exc)
     else:
-        log.error("unexpected error: %s: %s", type(exc).__name__, text, exc_info=exc)
-        where = f" (traceback in {INVOCATION.log_file})" if INVOCATION.log_file and not INVOCATION.verbose else ""
+        from nightscore.logs import to_log_file
+
+        if INVOCATION.verbose:  # console and log file
+            log.error("unexpected error: %s: %s", type(exc).__name__, text, exc_info=exc)
+        logged = INVOCATION.verbose or to_log_file(f"unexpected error: {type(exc).__name__}: {text}", exc)
+        where = f" (traceback in {INVOCATION.log_file})" if logged and not INVOCATION.verbose else ""
         typer.echo(f"nightscore: unexpected error: {type(exc).__name__}: {text}{where}", err=True)
     return exit_code_for(exc)
 

@@ -89,6 +89,15 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def to_log_file(message: str, exc: BaseException, logger: str = "nightscore") -> bool:
+    """Write an error and its full traceback to the log file(s) only, not the console; return whether a file got it."""
+    record = logging.LogRecord(logger, logging.ERROR, __file__, 0, message, None, (type(exc), exc, exc.__traceback__))
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for handler in files:
+        handler.handle(record)
+    return bool(files)
+
+
 def _console(handler: logging.Handler, verbose: bool) -> None:
     """Make a console handler name the Prefect run of each record, at INFO, with tracebacks only when verbose."""
     if isinstance(handler, logging.FileHandler):

@@ -389,6 +389,8 @@ class DuckDBWarehouse(SqlWarehouse):
         try:
             return retrying(duckdb.connect, self.path, read_only=read_only)
         except duckdb.IOException as exc:
+            if not _is_lock_error(exc):
+                raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
             error: type[NightscoreError] = UsageError if read_only else PublishError
             raise error(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
 

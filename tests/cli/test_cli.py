@@ -85,12 +85,39 @@ def test_unreadable_input_exits_3_naming_the_file(demo_run: tuple[Path, Path, su
     assert done.returncode == 3, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and str(bad) in errors[0] and "item_id" in errors[0]
+    assert "Traceback" not in done.stderr  # not even the one Prefect's engine logs for the failed task
     assert query_json("select run_id from latest_run", home) == before
 
 
 def test_sql_error_exits_1_with_one_line(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
     done = nightscore("query", "select * from no_such_table", home=demo_run[0])
     assert done.returncode == 1 and "no_such_table" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_broken_warehouse_file_is_one_clear_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "warehouse.duckdb").write_bytes(b"this is not a DuckDB file" * 100)
+    done = nightscore("runs", home=home)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot be opened" in done.stderr and "locked" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_unexpected_error_is_one_line_and_its_traceback_goes_to_the_log_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from nightscore import cli
+    from storage import resources
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("a bug")  # a failure nothing maps: it must still end as one line
+
+    monkeypatch.setattr(resources, "warehouse_for", broken)
+    assert cli.main(["runs", "--home", str(tmp_path / "home")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nightscore: unexpected error: KeyError: 'a bug' (traceback in ")
+    log_file = Path(err.rsplit("(traceback in ", 1)[1].rstrip(")\n"))
+    assert log_file.parent == (tmp_path / "home" / "logs").resolve()
+    assert "Traceback (most recent call last)" in log_file.read_text() and "a bug" in log_file.read_text()
 
 
 def test_help_lists_commands() -> None:
