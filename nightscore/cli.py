@@ -168,12 +168,12 @@ def query(
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table, csv or json (an array of row objects)."),
     home: Optional[Path] = HomeOption,
 ) -> None:
-    """Run read-only SQL on the warehouse and print the result."""
+    """Run one read-only SELECT on the warehouse's tables and views (sandboxed) and print the result."""
     cfg = _settings(home, "query")
     from nightscore.output import render
-    from storage.resources import warehouse_for
+    from storage.resources import query_warehouse_for
 
-    typer.echo(render(warehouse_for(cfg).query(sql), fmt.value))
+    typer.echo(render(query_warehouse_for(cfg).analyst_query(sql), fmt.value))
 
 
 @app.command("runs")

@@ -34,6 +34,14 @@ class WarehouseMissing(UsageError):
     """No warehouse exists yet at the configured location: nothing has run there (exit 2)."""
 
 
+class WarehouseBusy(NightscoreError):
+    """Another process held the warehouse's lock for longer than the bounded wait (exit 1): try again later."""
+
+
+class QueryRefused(UsageError):
+    """An analyst's SQL is not one read-only statement over the warehouse's tables and views, or it failed (exit 2)."""
+
+
 class CacheUnavailable(NightscoreError):
     """The cache server could not be reached (exit 1; HTTP 503 in serving)."""
 

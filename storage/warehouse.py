@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -19,9 +20,9 @@ from typing import Any, Protocol, TypeAlias
 
 import duckdb
 import pyarrow as pa
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from nightscore.errors import NightscoreError, PublishError, UsageError, WarehouseMissing
+from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
 from storage.warehouse_schema import (
     CANDIDATE_COLUMNS,
     ITEM_SCORE_COLUMNS,
@@ -99,7 +100,19 @@ class Warehouse(ABC):
 
     @abstractmethod
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
-        """Run read-only SQL (``?`` placeholders) and return its result; WarehouseMissing before the first run."""
+        """Run nightscore's own read-only SQL (``?`` placeholders) and return its result; WarehouseMissing before the first run.
+
+        The internal read path (latest run, `nightscore runs`/`status`): trusted SQL only. Analysts' SQL goes
+        through `analyst_query`.
+        """
+
+    @abstractmethod
+    def analyst_query(self, sql: str) -> QueryResult:
+        """Run one analyst's read-only statement in the sandbox and return its result (`nightscore query`).
+
+        Exactly one SELECT (WITH, VALUES, table functions included) over the warehouse's own tables and views;
+        anything else, and any SQL error, raises QueryRefused (exit 2) with a one-line message.
+        """
 
     def latest_published(self, excluding: str | None = None) -> PublishedRun | None:
         """Return the latest published run (other than ``excluding``), or None when none has published yet.
@@ -330,15 +343,27 @@ class DuckDBSession:
             self.con.unregister("_incoming")
 
 
+# The analysts' DuckDB connection: no file, network or extension access beyond the warehouse file itself
+# (COPY, EXPORT, ATTACH, read_csv/read_text/glob and INSTALL are refused by DuckDB), settings frozen.
+ANALYST_DUCKDB_CONFIG: dict[str, str | bool] = {
+    "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    "allow_unsigned_extensions": False, "lock_configuration": True,
+}
+
+
 class DuckDBWarehouse(SqlWarehouse):
-    """A DuckDB file; a connection is held only while it is used, with bounded retry on locks."""
+    """A DuckDB file; a connection is held only while it is used, with a bounded wait on another process's lock.
+
+    ``lock_timeout_s`` bounds the wait in seconds (retries with exponential backoff until then); without it,
+    ``lock_retries`` attempts are made.
+    """
 
     def __init__(self, path: str, embedding_dim: int | None = None, lock_retries: int = 8, lock_backoff_s: float = 0.25,
-                 memory_limit: str = DUCKDB_MEMORY_LIMIT) -> None:
+                 memory_limit: str = DUCKDB_MEMORY_LIMIT, lock_timeout_s: float | None = None) -> None:
         self.path = path
         self.memory_limit = memory_limit
         self.embedding_dim = embedding_dim
-        self.lock_retries, self.lock_backoff_s = lock_retries, lock_backoff_s
+        self.lock_retries, self.lock_backoff_s, self.lock_timeout_s = lock_retries, lock_backoff_s, lock_timeout_s
 
     @contextmanager
     def _transaction(self) -> Iterator[DuckDBSession]:
@@ -379,34 +404,79 @@ class DuckDBWarehouse(SqlWarehouse):
             raise PublishError(f"warehouse {self.path} holds {declared.group(1)}-wide embeddings and this run's model makes "
                                f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)")
 
-    def _connect_with_retry(self, read_only: bool) -> duckdb.DuckDBPyConnection:
-        """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock."""
+    def _connect_with_retry(self, read_only: bool, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
+        """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
+
+        A lock still held at the end of the bounded wait raises PublishError (writes) or WarehouseBusy (reads), never
+        WarehouseMissing: a locked warehouse is not "no warehouse yet".
+        """
+        stop = stop_after_delay(self.lock_timeout_s) if self.lock_timeout_s is not None else stop_after_attempt(self.lock_retries + 1)
         retrying = Retrying(
-            retry=retry_if_exception(_is_lock_error), stop=stop_after_attempt(self.lock_retries + 1),
+            retry=retry_if_exception(_is_lock_error), stop=stop,
             wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0), reraise=True,
             before_sleep=lambda state: log.warning("warehouse %s locked (attempt %d), retrying", self.path, state.attempt_number),
         )
+        started = time.monotonic()
         try:
-            return retrying(duckdb.connect, self.path, read_only=read_only)
+            return retrying(duckdb.connect, self.path, read_only=read_only, config=config or {})
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
-            error: type[NightscoreError] = UsageError if read_only else PublishError
-            raise error(f"warehouse {self.path} is locked by another process: {_line(exc)}") from exc
+            error: type[NightscoreError] = WarehouseBusy if read_only else PublishError
+            raise error(f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): "
+                        f"{_line(exc)}") from exc
+
+    def _read_connection(self, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
+        """Return a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
+        if not Path(self.path).exists():
+            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
+        con = self._connect_with_retry(read_only=True, config=config)
+        if _missing_duckdb_objects(con):
+            con.close()
+            raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
+        return con
 
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
         """Run SQL on a read-only connection (waiting for a writer's lock) and return its result."""
-        if not Path(self.path).exists():
-            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
-        con = self._connect_with_retry(read_only=True)
+        con = self._read_connection()
         try:
-            if _missing_duckdb_objects(con):
-                raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
             cursor = con.execute(sql, params or [])
             columns = [d[0] for d in cursor.description or []]
             return QueryResult(columns, cursor.fetchall())
         finally:
             con.close()
+
+    def analyst_query(self, sql: str) -> QueryResult:
+        """Run one analyst SELECT on a sandboxed read-only connection (ANALYST_DUCKDB_CONFIG); QueryRefused otherwise."""
+        con = self._read_connection(ANALYST_DUCKDB_CONFIG)
+        try:
+            _check_analyst_sql(con, sql)
+            cursor = con.execute(sql)
+            columns = [d[0] for d in cursor.description or []]
+            return QueryResult(columns, cursor.fetchall())
+        except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
+            raise QueryRefused(f"query refused: {_line(exc)}") from exc
+        except duckdb.Error as exc:
+            raise QueryRefused(f"query failed: {_line(exc)}") from exc
+        finally:
+            con.close()
+
+
+def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Raise QueryRefused unless sql is one SELECT whose tables are the warehouse's (or DuckDB's catalog) own."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryRefused(f"query failed: {_line(exc)}") from exc
+    if len(statements) != 1:
+        raise QueryRefused(f"query refused: give exactly one statement, got {len(statements)}")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryRefused(f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, got {statements[0].type.name}")
+    known = {str(row[0]) for row in con.execute(
+        "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()}
+    foreign = sorted(name for name in con.get_table_names(sql) if name not in known)
+    if foreign:
+        raise QueryRefused(f"query refused: {', '.join(foreign)} is not a warehouse table or view")
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -425,15 +495,18 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def open_warehouse(location: str, embedding_dim: int | None = None) -> Warehouse:
+def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout_s: float | None = None) -> Warehouse:
     """Return the warehouse adapter for a location: a postgresql:// URL or a DuckDB file path.
 
     embedding_dim: the width of this run's embeddings, for the run that may create the tables; None to read and
-    update an existing warehouse only.
+    update an existing warehouse only. lock_timeout_s: how long to wait for another process's lock (None: the
+    adapter's default).
     """
     if location.startswith(("postgresql://", "postgres://")):
         # psycopg is imported only when a PostgreSQL warehouse is used
         from storage.warehouse_postgres import PostgresWarehouse
 
-        return PostgresWarehouse(location, embedding_dim=embedding_dim)
-    return DuckDBWarehouse(location, embedding_dim=embedding_dim)
+        if lock_timeout_s is None:
+            return PostgresWarehouse(location, embedding_dim=embedding_dim)
+        return PostgresWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
+    return DuckDBWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)

@@ -25,7 +25,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from nightscore.errors import PublishError, UsageError
+from nightscore.errors import PublishError, UsageError, WarehouseBusy
 from storage.warehouse import DuckDBWarehouse, Warehouse, open_warehouse
 from storage.warehouse_postgres import LOCK_SQL, PostgresWarehouse, pg_sql, redact
 
@@ -442,8 +442,10 @@ def test_duckdb_publish_gives_up_on_a_held_lock_with_a_clear_error(tmp_path: Pat
     try:
         with pytest.raises(PublishError, match="locked by another process"):
             publish(DuckDBWarehouse(str(path), embedding_dim=DIM, lock_retries=2, lock_backoff_s=0.05), "r2", date(2026, 11, 30))
-        with pytest.raises(UsageError, match="locked by another process"):
+        with pytest.raises(WarehouseBusy, match="locked by another process"):  # an outage, not "no warehouse yet"
             DuckDBWarehouse(str(path), lock_retries=1, lock_backoff_s=0.05).query("select 1")
+        with pytest.raises(WarehouseBusy, match=r"locked by another process \(waited \d+ s\)"):
+            DuckDBWarehouse(str(path), lock_timeout_s=0.5, lock_backoff_s=0.05).latest_published()
     finally:
         holder.kill()
         holder.wait()
