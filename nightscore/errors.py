@@ -38,6 +38,10 @@ class WarehouseBusy(NightscoreError):
     """Another process held the warehouse's lock for longer than the bounded wait (exit 1): try again later."""
 
 
+class RunBusy(NightscoreError):
+    """Another live attempt holds the run date's lease beyond the bounded wait (exit 1); the message names it."""
+
+
 class QueryRefused(UsageError):
     """An analyst's SQL is not one read-only statement over the warehouse's tables and views, or it failed (exit 2)."""
 

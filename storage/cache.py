@@ -172,6 +172,13 @@ class CandidateCache(ABC):
         """Atomically make run_id current and the old current previous; return the old current."""
 
     @abstractmethod
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Atomically set both pointers (None removes one), clearing any expiry of the versions they name.
+
+        How a failed publication's switch is taken back exactly, first publication included (no current run).
+        """
+
+    @abstractmethod
     def versions(self) -> list[str]:
         """Return the sorted run ids that have entries."""
 
@@ -314,6 +321,17 @@ class SqliteCache(CandidateCache):
         logger.info("cache: current run %s (was %s)", run_id, old)
         return old
 
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Set current and previous in one write transaction (None deletes), their versions' expiries cleared."""
+        with self._transaction("IMMEDIATE") as conn:
+            for key, run_id in ((self.current_key, current), (self.previous_key, previous)):
+                if run_id is None:
+                    conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                else:
+                    conn.execute(_PERSIST, _prefix_range(self.version_prefix(run_id)))
+                    conn.execute(_UPSERT, (key, run_id.encode()))
+        logger.info("cache: pointers set to current %s, previous %s", current, previous)
+
     def versions(self) -> list[str]:
         base = f"{self.prefix}:cand:"
         with self._lock, self._guard():
@@ -346,6 +364,14 @@ if old then redis.call('SET', KEYS[2], old) else redis.call('DEL', KEYS[2]) end
 return old
 """
 
+# Sets both pointers at once; an empty argument deletes that pointer.
+_SET_POINTERS_SCRIPT = """
+for i = 1, 2 do
+  if ARGV[i] == '' then redis.call('DEL', KEYS[i]) else redis.call('SET', KEYS[i], ARGV[i]) end
+end
+return 1
+"""
+
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
@@ -375,6 +401,7 @@ class RedisCache(CandidateCache):
             url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S
         )
         self._switch = self._client.register_script(_SWITCH_SCRIPT)
+        self._set_pointers = self._client.register_script(_SET_POINTERS_SCRIPT)
 
     def _guard(self) -> AbstractContextManager[None]:
         """Return a context turning connection errors into CacheUnavailable naming the URL."""
@@ -452,6 +479,15 @@ class RedisCache(CandidateCache):
         old_id = None if old is None else bytes(old).decode()
         logger.info("cache: current run %s (was %s)", run_id, old_id)
         return old_id
+
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Set current and previous in one server-side script (their versions' TTLs cleared first); None deletes."""
+        for run_id in (current, previous):
+            if run_id is not None:
+                self._persist_version(_check_run_id(run_id))
+        with self._guard():
+            self._set_pointers(keys=[self.current_key, self.previous_key], args=[current or "", previous or ""])
+        logger.info("cache: pointers set to current %s, previous %s", current, previous)
 
     def versions(self) -> list[str]:
         base = f"{self.prefix}:cand:"

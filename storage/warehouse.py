@@ -78,9 +78,14 @@ class Warehouse(ABC):
 
     @abstractmethod
     def publish(
-        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[], None] | None = None,
-    ) -> None:
-        """Make run the published one in one transaction, replacing rows of the same run_date (tables or Arrow streams)."""
+        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[str], None] | None = None,
+        fence: LeaseFence | None = None, keep_replaced: bool = False,
+    ) -> str:
+        """Publish run in one transaction (rows of the same run_date replaced); return the latest published run after it."""
+
+    @abstractmethod
+    def finalize_publication(self, run_id: str) -> int:
+        """Delete the rows a published run's publication kept of the runs it replaced; return how many rows went."""
 
     @abstractmethod
     def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
@@ -92,7 +97,26 @@ class Warehouse(ABC):
 
     @abstractmethod
     def retract(self, run_id: str, message: str, before_commit: Callable[[str | None], None] | None = None) -> str | None:
-        """Mark a published run 'failed' (a later publish step failed); return the run that is latest again."""
+        """Mark a published run 'failed' and delete its rows (a later publish step failed); return the run latest again."""
+
+    @abstractmethod
+    def acquire_lease(self, key: str, holder: str, ttl_s: float, is_stale: Callable[[str], bool]) -> LeaseRow | None:
+        """Take the lease key for holder unless another live holder has it; return that holder's row, or None when taken."""
+
+    @abstractmethod
+    def renew_lease(self, key: str, holder: str, ttl_s: float, run_id: str | None = None) -> bool:
+        """Push holder's lease on key ttl_s into the future (and name its run); return False when holder lost it."""
+
+    @abstractmethod
+    def release_lease(self, key: str, holder: str) -> None:
+        """Drop holder's lease on key (nothing when another holder has it now)."""
+
+    @abstractmethod
+    def with_newest(self, action: Callable[[list[str]], None]) -> list[str]:
+        """Call action with the two newest published runs (latest first) inside a write transaction; return them.
+
+        No publication commits meanwhile, so action may move the cache pointers to match.
+        """
 
     @abstractmethod
     def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
@@ -129,8 +153,29 @@ class Warehouse(ABC):
         return PublishedRun(rows[0][0], rows[0][1]) if rows else None
 
 
+@dataclass(frozen=True)
+class LeaseRow:
+    """Who holds a lease (a run_leases row): what a waiting attempt names in its message."""
+
+    key: str
+    run_id: str | None
+    holder: str
+    renewed_at: datetime | None
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class LeaseFence:
+    """The lease a publication must still hold when it commits (checked inside its transaction)."""
+
+    key: str
+    holder: str
+
+
 class Session(Protocol):
     """One open write transaction of a backend."""
+
+    row_lock: str  # what a read appends to lock its rows until the transaction ends ("" where the writer holds all)
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement with ``?`` placeholders; return its rows (none for plain DML)."""
@@ -159,20 +204,38 @@ class SqlWarehouse(Warehouse):
         return quarantine.num_rows
 
     def publish(
-        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[], None] | None = None,
-    ) -> None:
-        """Replace run_date's rows with this run's and mark it published, all in one transaction.
+        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[str], None] | None = None,
+        fence: LeaseFence | None = None, keep_replaced: bool = False,
+    ) -> str:
+        """Put this run's rows in and mark it published, all in one transaction; return the latest published run after it.
 
-        ``before_commit`` (optional callable) runs inside the transaction after the rows are in;
-        if it raises, the transaction rolls back and the previous publication stays current.
+        The latest is this run unless a newer run_date is published already (a backfill of an older date: its rows
+        are queryable by date, latest_* stay on the newer run). A published run of the same run_date becomes
+        'replaced'; its rows are deleted now, or with ``keep_replaced`` only by `finalize_publication` (so that a
+        later step's failure can `retract` back to it). ``before_commit`` gets the latest run inside the transaction
+        (e.g. to switch the cache pointer when it is this run); if it raises, nothing changes. ``fence``: the lease
+        this run must still hold, checked inside the transaction.
         """
         with self._transaction() as session:
-            _replace_run_date(session, run["run_id"], run["run_date"])
+            if fence is not None:
+                _check_fence(session, fence)
+            _supersede_run_date(session, run["run_id"], run["run_date"], keep_replaced)
             session.insert("item_scores", item_scores, ITEM_SCORE_COLUMNS)
             session.insert("user_candidates", candidates, CANDIDATE_COLUMNS)
             _upsert_run(session, {**run, "status": "published", "published_at": _now()})
+            latest = _latest(session) or run["run_id"]
             if before_commit is not None:
-                before_commit()
+                before_commit(latest)
+        return latest
+
+    def finalize_publication(self, run_id: str) -> int:
+        """Delete the rows of runs this published run replaced (same run_date); nothing when it is no longer published."""
+        with self._transaction() as session:
+            found = session.run("SELECT run_date FROM scoring_runs WHERE run_id = ? AND status = 'published'", [run_id])
+            if not found:
+                return 0
+            return sum(len(session.run(f"DELETE FROM {table} WHERE run_date = ? AND run_id <> ? RETURNING run_id",
+                                       [found[0][0], run_id])) for table in ("item_scores", "user_candidates"))
 
     def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
         """Set status and message of the unpublished run of a Prefect flow run; return rows changed."""
@@ -212,19 +275,63 @@ class SqlWarehouse(Warehouse):
         return newest[0], newest[1]
 
     def retract(self, run_id: str, message: str, before_commit: Callable[[str | None], None] | None = None) -> str | None:
-        """Take back a publication whose later steps failed: mark run_id 'failed'; return the run that is latest again.
+        """Take back a publication whose later steps failed; return the run that is latest again (None when none is).
 
-        ``before_commit`` gets the new latest run_id (None when none is left) inside the transaction, e.g. to
-        switch the cache pointer back. A run that is not published is left alone (nothing to take back).
-        Rows of a same-date run that this publication replaced are gone; its scoring_runs row stays 'replaced'.
+        run_id becomes 'failed' and its item_scores and user_candidates rows are deleted; the run of the same run_date
+        it replaced is published again when its rows are still there (a publication with ``keep_replaced`` that was
+        not finalized). ``before_commit`` gets the new latest run inside the transaction, e.g. to move the cache
+        pointers back. A run that is not published is left alone (nothing to take back).
         """
         with self._transaction() as session:
             changed = session.run("UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? AND status = 'published' "
-                                  "RETURNING run_id", [message[:1000], run_id])
-            latest = [row[0] for row in session.run(f"{_PUBLISHED} ORDER BY {NEWEST_FIRST} LIMIT 1")]
+                                  "RETURNING run_date", [message[:1000], run_id])
+            if changed:
+                for table in ("item_scores", "user_candidates"):
+                    session.run(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                _restore_replaced(session, changed[0][0])
+            latest = _latest(session)
             if changed and before_commit is not None:
-                before_commit(latest[0] if latest else None)
-        return latest[0] if latest else None
+                before_commit(latest)
+        return latest
+
+    def with_newest(self, action: Callable[[list[str]], None]) -> list[str]:
+        """Call action with the two newest published runs (latest first) inside a write transaction; return them."""
+        with self._transaction() as session:
+            newest = [row[0] for row in session.run(f"{_PUBLISHED} ORDER BY {NEWEST_FIRST} LIMIT 2")]
+            action(newest)
+        return newest
+
+    def acquire_lease(self, key: str, holder: str, ttl_s: float, is_stale: Callable[[str], bool]) -> LeaseRow | None:
+        """Take key for holder unless a live other holder has it (not expired, not stale); return that holder's row."""
+        now = _now()
+        with self._lease_transaction() as session:
+            rows = session.run("SELECT lease_key, run_id, holder, renewed_at, expires_at FROM run_leases WHERE lease_key = ?", [key])
+            current = LeaseRow(*rows[0]) if rows else None
+            if current is not None and current.holder != holder and _aware(current.expires_at) > now \
+                    and not is_stale(current.holder):
+                return current
+            session.run("DELETE FROM run_leases WHERE lease_key = ?", [key])
+            session.run("INSERT INTO run_leases (lease_key, holder, acquired_at, renewed_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                        [key, holder, now, now, now + timedelta(seconds=ttl_s)])
+        return None
+
+    def renew_lease(self, key: str, holder: str, ttl_s: float, run_id: str | None = None) -> bool:
+        """Push holder's lease on key ttl_s ahead (recording run_id when given); return False when holder lost it."""
+        now = _now()
+        with self._lease_transaction() as session:
+            changed = session.run("UPDATE run_leases SET renewed_at = ?, expires_at = ?, run_id = COALESCE(?, run_id) "
+                                  "WHERE lease_key = ? AND holder = ? RETURNING lease_key",
+                                  [now, now + timedelta(seconds=ttl_s), run_id, key, holder])
+        return bool(changed)
+
+    def release_lease(self, key: str, holder: str) -> None:
+        """Drop holder's lease on key; another holder's lease stays."""
+        with self._lease_transaction() as session:
+            session.run("DELETE FROM run_leases WHERE lease_key = ? AND holder = ?", [key, holder])
+
+    def _lease_transaction(self) -> AbstractContextManager[Session]:
+        """Return the transaction lease rows change in (PostgreSQL: without the writers' schema lock)."""
+        return self._transaction()
 
     def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
         """Delete item_scores, user_candidates and quarantine rows of old runs in one transaction.
@@ -275,7 +382,7 @@ def _runs_to_prune(session: Session, keep_runs: int | None, keep_days: int | Non
     doomed: set[str] = set()
     if keep_runs is not None and len(published) > keep_runs:
         kept = {run_id for run_id, _ in published[:keep_runs]}
-        cutoff = published[keep_runs - 1][1]
+        cutoff = min((at for _, at in published[:keep_runs] if at is not None), default=None)
         doomed |= {run_id for run_id, _ in published[keep_runs:]}
         if cutoff is not None:
             doomed |= {run_id for run_id, _, at in runs if run_id not in kept and at is not None and at < cutoff}
@@ -302,13 +409,53 @@ def _published_among(session: Session, run_ids: set[str]) -> set[str]:
     return {row[0] for row in session.run(f"{_PUBLISHED} AND run_id IN ({marks})", sorted(run_ids))}
 
 
-def _replace_run_date(session: Session, run_id: str, run_date: Any) -> None:
-    session.run("DELETE FROM item_scores WHERE run_date = ?", [run_date])
-    session.run("DELETE FROM user_candidates WHERE run_date = ?", [run_date])
+def _latest(session: Session) -> str | None:
+    """Return the latest published run as the views define it (NEWEST_FIRST), inside a transaction."""
+    rows = session.run(f"{_PUBLISHED} ORDER BY {NEWEST_FIRST} LIMIT 1")
+    return rows[0][0] if rows else None
+
+
+def _supersede_run_date(session: Session, run_id: str, run_date: Any, keep_replaced: bool) -> None:
+    """Make room for run_id's rows: its own earlier rows and leftovers of unpublished runs of the date go.
+
+    The published run of the date becomes 'replaced'; its rows go too unless keep_replaced.
+    """
+    kept = "SELECT run_id FROM scoring_runs WHERE status = 'published' AND run_id <> ?" if keep_replaced else None
+    for table in ("item_scores", "user_candidates"):
+        session.run(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        if kept is None:
+            session.run(f"DELETE FROM {table} WHERE run_date = ?", [run_date])
+        else:
+            session.run(f"DELETE FROM {table} WHERE run_date = ? AND run_id NOT IN ({kept})", [run_date, run_id])
     session.run(
         "UPDATE scoring_runs SET status = 'replaced' WHERE run_date = ? AND status = 'published' AND run_id <> ?",
         [run_date, run_id],
     )
+
+
+def _restore_replaced(session: Session, run_date: Any) -> None:
+    """Publish again the newest 'replaced' run of run_date whose rows are still in the warehouse (a retraction's undo)."""
+    rows = session.run("SELECT run_id FROM scoring_runs WHERE run_date = ? AND status = 'replaced' AND run_id IN "
+                       "(SELECT DISTINCT run_id FROM item_scores WHERE run_date = ?) ORDER BY published_at DESC LIMIT 1",
+                       [run_date, run_date])
+    if rows:
+        session.run("UPDATE scoring_runs SET status = 'published' WHERE run_id = ?", [rows[0][0]])
+        log.warning("run %s of %s is published again: the run that replaced it was retracted", rows[0][0], run_date)
+
+
+def _check_fence(session: Session, fence: LeaseFence) -> None:
+    """Raise PublishError unless fence.holder still holds fence.key (another attempt took the run date over)."""
+    # FOR UPDATE (PostgreSQL): no other attempt takes the lease over while this publication commits; DuckDB's writer
+    # holds the whole file already.
+    rows = session.run(f"SELECT holder FROM run_leases WHERE lease_key = ?{session.row_lock}", [fence.key])
+    if not rows or rows[0][0] != fence.holder:
+        holder = rows[0][0] if rows else "nobody"
+        raise PublishError(f"refusing to publish: this attempt no longer holds the lease on {fence.key} ({holder} does)")
+
+
+def _aware(value: datetime) -> datetime:
+    """Return a timestamp as an aware UTC datetime (DuckDB returns TIMESTAMPTZ in the session's zone)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _upsert_run(session: Session, run: dict[str, Any]) -> None:
@@ -325,7 +472,9 @@ def _upsert_run(session: Session, run: dict[str, Any]) -> None:
 
 
 class DuckDBSession:
-    """A write transaction on a DuckDB connection."""
+    """A write transaction on a DuckDB connection (the process holds the file's one write lock)."""
+
+    row_lock = ""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con

@@ -16,7 +16,7 @@ import logging
 import re
 import struct
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -28,7 +28,7 @@ from psycopg import errors as pg_errors
 
 from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseMissing
 from storage.warehouse import QueryResult, SqlWarehouse
-from storage.warehouse_schema import ddl, kind, object_names
+from storage.warehouse_schema import ddl, kind, object_names, upgrade_ddl
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ _LITERAL_OR_MARK = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\
 
 class PostgresSession:
     """A write transaction on a psycopg connection."""
+
+    row_lock = " FOR UPDATE"  # appended to reads of rows the transaction must keep others from changing
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -115,16 +117,26 @@ class PostgresWarehouse(SqlWarehouse):
                 for statement in ddl(self.embedding_dim, "postgres"):
                     conn.execute(statement)
             if self.embedding_dim is not None:
+                for statement in upgrade_ddl("postgres"):  # a warehouse made by an older nightscore: views, run_leases
+                    conn.execute(statement)
                 _check_width(conn, self.embedding_dim, self.where)
         self._tables_ready = True
 
     @contextmanager
-    def _transaction(self) -> Iterator[PostgresSession]:
+    def _transaction(self, lock: bool = True) -> Iterator[PostgresSession]:
         with self._connect(PublishError) as conn:
             self._ensure_tables(conn)
             with conn.transaction():
-                self._lock(conn)
+                if lock:
+                    self._lock(conn)
                 yield PostgresSession(conn)
+
+    def _lease_transaction(self) -> AbstractContextManager[PostgresSession]:
+        """Return a transaction without the writers' schema lock: a heartbeat never waits for a long publication.
+
+        Lease rows are serialised by their own row locks; a publication's fence check locks its lease row.
+        """
+        return self._transaction(lock=False)
 
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
         """Run one SQL statement in a read-only transaction that is always rolled back."""

@@ -17,7 +17,8 @@ import pytest
 
 from nightscore.errors import QueryRefused, UsageError
 from storage.warehouse import DuckDBWarehouse, Warehouse, open_warehouse
-from tests.storage.test_warehouse import DIM, pg_schema, pg_server, publish  # noqa: F401 - fixtures
+from tests.storage.conftest import DIM
+from tests.storage.test_warehouse import publish
 
 SECRET = "the host's secret"
 
@@ -96,7 +97,7 @@ def role_url(schema_url: str, role: str) -> str:
 
 
 @pytest.fixture
-def pg_roles(pg_schema: str) -> Iterator[dict[str, str]]:  # noqa: F811 - the imported fixture
+def pg_roles(pg_schema: str) -> Iterator[dict[str, str]]:
     """Yield warehouse URLs of a read-only analyst role, a writer role and a server-file role on the schema."""
     publish(open_warehouse(pg_schema, embedding_dim=DIM), "r1", date(2026, 11, 30), n=4)
     schema = pg_schema.rsplit("%3D", 1)[1]
@@ -118,7 +119,7 @@ def pg_roles(pg_schema: str) -> Iterator[dict[str, str]]:  # noqa: F811 - the im
                 admin.execute(f"DROP ROLE {role}")
 
 
-def test_postgres_refuses_a_superuser_and_a_server_file_role(pg_schema: str, pg_roles: dict[str, str]) -> None:  # noqa: F811
+def test_postgres_refuses_a_superuser_and_a_server_file_role(pg_schema: str, pg_roles: dict[str, str]) -> None:
     with pytest.raises(UsageError, match="refusing analysts' SQL as a superuser"):
         open_warehouse(pg_schema).analyst_query("select pg_read_file('/etc/hostname')")
     with pytest.raises(UsageError, match="member of pg_read_server_files"):
@@ -140,7 +141,8 @@ def test_postgres_read_only_role_reads_and_cannot_reach_files_or_write(pg_roles:
     assert not Path("/tmp/nightscore-out.csv").exists()
 
 
-def test_postgres_writer_role_is_warned_about_and_still_read_only(pg_roles: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+def test_postgres_writer_role_is_warned_about_and_still_read_only(
+        pg_roles: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
     writer = open_warehouse(pg_roles["writer"])
     with caplog.at_level(logging.WARNING, logger="storage.warehouse_postgres"):
         assert writer.analyst_query("select count(*) from item_scores").rows == [(4,)]
