@@ -47,8 +47,9 @@ def prefect_database() -> Iterator[str]:
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """Return the environment of a nightscore command: tiny encoder, small shards, its own home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "PREFECT_API"))}
+    # Callbacks go to a recorder on 127.0.0.1: a loopback address the default settings refuse.
     env.update(NIGHTSCORE_HOME=str(home), NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="100", NIGHTSCORE_TOP_K="20",
-               NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin", **extra)
+               NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin", NIGHTSCORE_CALLBACK_ALLOW_PRIVATE="true", **extra)
     return env
 
 
@@ -175,6 +176,7 @@ def test_up_registers_deployments_queues_schedule_and_gpu_limit(stack: dict[str,
     assert priorities["on-demand"] < priorities["scheduled"]
     gpu = httpx.get(f"{api}/v2/concurrency_limits/gpu", timeout=10).json()
     assert gpu["limit"] == 1 and gpu["active"]
+    assert httpx.get(f"{api}/work_pools/nightscore", timeout=10).json()["concurrency_limit"] == 2  # the default
 
 
 def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stack: dict[str, Any], inputs: Path) -> None:
