@@ -10,17 +10,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 import pydantic
 import typer
 
 from nightscore.errors import (
-    EXIT_USAGE, ContractViolation, NightscoreError, RunInterrupted, UsageError, WarehouseMissing, exit_code_for,
+    EXIT_USAGE, ContractViolation, NightscoreError, RunInterrupted, StackError, UsageError, WarehouseMissing, exit_code_for,
     is_expected,
 )
 from nightscore.settings import Settings, apply_runtime_defaults, load_settings
+
+if TYPE_CHECKING:
+    from flows.params import OnDemandParams
+    from tasks.results import Published
 
 log = logging.getLogger("nightscore")
 
@@ -116,7 +120,24 @@ def run_nightly(
     params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
     with _interruptible(), settings_scope(cfg), progress_bar():
         published = nightly(params)
-    typer.echo(summary_text(published, time.monotonic() - INVOCATION.started))
+    typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **_run_notes(cfg, published)))
+
+
+def _run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
+    """Return what the summary adds from the warehouse: quarantine per rule, and the latest run when this one is not it."""
+    from nightscore.errors import NightscoreError
+    from storage.resources import warehouse_for
+
+    warehouse = warehouse_for(cfg)
+    try:
+        rules = warehouse.query("SELECT dataset, rule, count(*), min(row_key) FROM quarantine WHERE run_id = ? "
+                                "GROUP BY dataset, rule ORDER BY 3 DESC, 1, 2", [published.run_id]).rows
+        latest = warehouse.latest_published()
+    except NightscoreError as exc:  # the run is published; a busy warehouse only shortens its summary
+        log.warning("summary without the warehouse's notes: %s", exc)
+        return {}
+    return {"quarantine": [tuple(row) for row in rules], "latest_run": latest.run_id if latest else None,
+            "max_tokens": cfg.max_seq_length}
 
 
 @contextmanager
@@ -127,9 +148,12 @@ def _interruptible() -> Iterator[None]:
     try:
         yield
     except TerminationSignal as exc:
-        raise RunInterrupted(
-            "run interrupted by SIGTERM: finished shards are kept; run the same command again (or --resume RUN_ID) to finish it"
-        ) from exc
+        from tasks.start import last_started
+
+        run_id = last_started()
+        how = f"run the same command again (or --resume {run_id})" if run_id else "run the same command again"
+        raise RunInterrupted(f"run {run_id or '(not started yet)'} interrupted by SIGTERM: finished shards are kept; "
+                             f"{how} to finish it") from exc
 
 
 @run_app.command("train-ranker")
@@ -279,9 +303,14 @@ def _prefect_api(cfg: Settings) -> Iterator[str]:
 
     from deployments.stack import read_state
 
+    from deployments.stack import healthy
+
     url = get_current_settings().api.url or (read_state(cfg) or {}).get("api_url")
     if not url:
         raise UsageError("no Prefect server: run `nightscore up` or set PREFECT_API_URL")
+    secret = get_current_settings().api.auth_string
+    if not healthy(url, secret.get_secret_value() if secret is not None else None):
+        raise StackError(f"the Prefect API at {url} does not answer (is the server up? `nightscore up`, PREFECT_API_URL)")
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
 
@@ -304,18 +333,43 @@ def trigger_on_demand(
 ) -> None:
     """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
     cfg = _settings(home, "trigger")
-    from deployments.trigger import default_idempotency_key, trigger, wait_for_run
+    from deployments.trigger import existing_run, trigger, wait_for_run
     from flows.params import OnDemandParams
+    from nightscore.settings import settings_scope
 
-    params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
-                            run_date=run_date, callback_url=callback_url)
+    with settings_scope(cfg):  # the models check callback_url against these settings
+        params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
+                                run_date=run_date, callback_url=callback_url)
     with _prefect_api(cfg):
-        created = trigger("on-demand", params, key or default_idempotency_key("on-demand", params))
+        key = key or _request_key(cfg, params)
+        existing = existing_run("on-demand", key)
+        created = trigger("on-demand", params, key)
         typer.echo(created["flow_run_id"])
+        if existing is not None:
+            typer.echo(f"nightscore: returned the existing flow run {existing['flow_run_id']} ({existing['state']}, created "
+                       f"{existing['created']:%Y-%m-%d %H:%M:%S %Z}) for the same request and inputs; give "
+                       "--idempotency-key to start another", err=True)
         log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
         if wait:
             state = wait_for_run(created["flow_run_id"], timeout)
             typer.echo(f"{state['state_name']}")
+
+
+def _request_key(cfg: Settings, params: OnDemandParams) -> str:
+    """Return the default idempotency key: the parameters and the inputs' identity (size, ETag/mtime, via the lake)."""
+    from deployments.trigger import default_idempotency_key, inputs_identity
+    from nightscore.errors import NightscoreError
+    from storage.resources import lake_for, warehouse_for
+
+    latest = None
+    if not (params.items_uri or params.interactions_uri):
+        try:
+            found = warehouse_for(cfg).latest_published()
+            latest = found.run_id if found else None
+        except NightscoreError as exc:  # a warehouse this machine cannot see: the key covers the parameters only
+            log.info("idempotency key without the latest run: %s", exc)
+    return default_idempotency_key("on-demand", params, inputs_identity(lake_for(cfg), [params.items_uri, params.interactions_uri],
+                                                                        latest))
 
 
 @app.command("status")

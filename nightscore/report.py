@@ -32,27 +32,60 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def summary_markdown(published: Published, inputs: dict[str, str], settings: Settings, plots: dict[str, str]) -> str:
-    """Return the run's markdown summary: inputs, contracts, counts, speed, device, cost, and the plots."""
+QuarantineRule = tuple[str, str, int, str]  # dataset, rule, rows, an example row key
+NOTHING_ENCODED = "n/a (nothing encoded: every vector reused)"
+
+
+def summary_markdown(published: Published, inputs: dict[str, str], settings: Settings, plots: dict[str, str],
+                     quarantine: list[QuarantineRule] | None = None, docs: str | None = None) -> str:
+    """Return the run's markdown summary: inputs, contracts, counts, quarantine per rule, truncation, speed, device, cost, plots.
+
+    docs: the markdown of the contracts' links (Data Docs served over HTTP, or the contracts artifact); default: the
+    Data Docs paths of the run.
+    """
     spend, r = cost(published, settings), published.record
+    computed = bool(r.rows_computed)
     rows = [
         ("run", f"`{r.run_id}` ({r.status}, run_date {r.run_date})"),
         ("items input", f"`{inputs['items_uri']}`"), ("interactions input", f"`{inputs['interactions_uri']}`"),
-        ("contracts", f"row contracts and dataset suites passed; Data Docs: {_docs_links(published.data_docs)}"),
+        ("contracts", f"row contracts and dataset suites passed; {docs or 'Data Docs: ' + _docs_links(published.data_docs)}"),
         ("items in / quarantined", f"{r.rows_in} / {r.rows_quarantined}"),
         ("interactions in / quarantined", f"{r.interactions_in} / {r.interactions_quarantined}"),
         ("items scored (computed / reused)", f"{r.rows_scored} ({r.rows_computed} / {r.rows_reused})"),
+        ("texts truncated", _truncated(r.truncated_texts, r.rows_computed, settings.max_seq_length)),
         ("users with candidates", str(r.users_with_candidates)),
-        ("padding efficiency", _number(r.padding_efficiency)),
-        ("texts/s (encode)", _number(r.texts_per_s, 1)),
-        ("device", r.device), ("wall", f"{r.wall_seconds:.1f} s"),
+        ("padding efficiency", _number(r.padding_efficiency) if computed else NOTHING_ENCODED),
+        ("texts/s (encode)", _number(r.texts_per_s, 1) if computed else NOTHING_ENCODED),
+        ("device", r.device if computed else NOTHING_ENCODED), ("wall", f"{r.wall_seconds:.1f} s"),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
         (f"cost per 1k items (at ${settings.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
-    lines = [f"# Scoring run {r.run_id}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    lines = [f"# Scoring run {r.run_id}", "", *_warnings(r.truncated_texts, r.rows_computed, settings.max_seq_length),
+             "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "", *quarantine_table(quarantine or [])]
     for title, uri in plots.items():
         lines += [f"### {title}", f"![{title}]({uri})", ""]
     return "\n".join(lines)
+
+
+def _truncated(truncated: int, encoded: int, max_tokens: int) -> str:
+    if not encoded:
+        return NOTHING_ENCODED
+    return f"{truncated} of {encoded} encoded ({truncated / encoded:.1%}) at {max_tokens} tokens"
+
+
+def _warnings(truncated: int, encoded: int, max_tokens: int) -> list[str]:
+    if not truncated or not encoded:
+        return []
+    return [f"> **Warning:** {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at "
+            f"{max_tokens} tokens: their ends are not in the embeddings.", ""]
+
+
+def quarantine_table(rules: list[QuarantineRule]) -> list[str]:
+    """Return the markdown table of quarantined rows per rule with an example key (nothing when none was)."""
+    if not rules:
+        return []
+    body = [f"| {dataset} | `{rule}` | {rows} | `{example}` |" for dataset, rule, rows, example in rules]
+    return ["### Quarantined rows per rule", "", "| dataset | rule | rows | example key |", "|---|---|---|---|", *body, ""]
 
 
 def timing_rows(stage_seconds: dict[str, float]) -> list[dict[str, Any]]:

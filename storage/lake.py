@@ -112,6 +112,16 @@ class Lake:
         """Write a small JSON document atomically (temporary name, then rename) and return uri."""
         return self.write_bytes(json.dumps(payload, sort_keys=True, default=str).encode(), uri)
 
+    def identity(self, uri: str) -> dict[str, str] | None:
+        """Return what tells one version of a file from another (size, and ETag or modification time); None if absent."""
+        fs, path = self._fs_path(uri)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return None
+        keys = ("size", "ETag", "etag", "mtime", "LastModified", "last_modified", "VersionId")
+        return {key: str(info[key]) for key in keys if info.get(key) is not None}
+
     def read_json(self, uri: str) -> dict | None:
         """Return the JSON document at uri, or None if there is none."""
         fs, path = self._fs_path(uri)

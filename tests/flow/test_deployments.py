@@ -237,8 +237,8 @@ def test_cli_trigger_item_ids_wait_and_status(stack: dict[str, Any], inputs: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     flow_run_id, final = done.stdout.split()[:2]
     assert final == "Completed"
-    retried = nightscore(*args, env=stack["env"])  # same parameters today: the idempotency key finds the same run
-    assert retried.stdout.split()[0] == flow_run_id
+    retried = nightscore(*args, env=stack["env"])  # same parameters, same files: the idempotency key finds the same run
+    assert retried.stdout.split()[0] == flow_run_id and f"returned the existing flow run {flow_run_id}" in retried.stderr
 
     status = nightscore("status", flow_run_id, env=stack["env"])
     assert status.returncode == 0 and "Completed" in status.stdout

@@ -117,11 +117,12 @@ def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(tmp_path: 
     took = time.monotonic() - started
     log = Path(f"{home}.log").read_text()
     assert code == 143, log[-2000:]
-    assert "nightscore: error: run interrupted by SIGTERM" in log
     assert took < 120
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
-    assert con.execute("select status from scoring_runs").fetchall() == [("interrupted",)]
+    [(run_id, status)] = con.execute("select run_id, status from scoring_runs").fetchall()
     con.close()
+    assert status == "interrupted"
+    assert f"nightscore: error: run {run_id} interrupted by SIGTERM" in log and f"--resume {run_id})" in log
     log = run_to_end(home, inputs, prefect_api)
     assert "shard 0: reused checkpoint" in log and "shard 1: reused checkpoint" in log
     assert outputs(home) == reference

@@ -140,3 +140,41 @@ def test_the_work_pool_runs_one_flow_run_at_a_time_and_queues_the_rest(deployed:
     intervals.sort()
     for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
         assert start >= end, f"two flow runs executed at once: {intervals}"  # each waited in the queue
+
+
+def nightscore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; return the finished process."""
+    return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_failures_are_one_line_with_the_right_exit_code(deployed: dict[str, Any]) -> None:
+    env = deployed["env"]
+    unknown = nightscore("status", "8f2c0000-0000-4000-8000-000000000000", env=env)
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "no flow run 8f2c0000" in unknown.stderr
+    down = {**env, "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    for args in (("status", "8f2c0000-0000-4000-8000-000000000000"), ("trigger", "on-demand")):
+        done = nightscore(*args, env=down)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert "the Prefect API at http://127.0.0.1:9/api does not answer" in done.stderr
+    far = nightscore("run", "nightly", "--run-date", "9999-12-31", env=env)
+    assert far.returncode == 2 and far.stderr.count("\n") == 1 and "9999-12-31" in far.stderr, far.stderr
+    for bad in ("--callback-url=http://169.254.169.254/", "--callback-url=file:///etc/passwd"):
+        refused = nightscore("trigger", "on-demand", bad, env=env)
+        assert refused.returncode == 2 and refused.stderr.startswith("nightscore: error: invalid parameters: callback_url")
+
+
+def test_cli_trigger_says_when_it_returns_an_existing_run_and_new_files_make_a_new_one(
+        deployed: dict[str, Any], tmp_path: Path) -> None:
+    env = deployed["env"]
+    items, interactions = tmp_path / "items.parquet", tmp_path / "interactions.parquet"
+    items.write_bytes(b"PAR1 not read by the trigger")
+    interactions.write_bytes(b"PAR1 not read either")
+    args = ("trigger", "on-demand", "--items", str(items), "--interactions", str(interactions), "--run-date", "2026-11-30")
+    first = nightscore(*args, env=env)
+    assert first.returncode == 0 and "existing" not in first.stderr, first.stderr
+    again = nightscore(*args, env=env)
+    assert again.stdout.split()[0] == first.stdout.split()[0]
+    assert f"returned the existing flow run {first.stdout.split()[0]}" in again.stderr
+    items.write_bytes(b"PAR1 a new export under the same name")
+    fresh = nightscore(*args, env=env)
+    assert fresh.returncode == 0 and fresh.stdout.split()[0] != first.stdout.split()[0] and "existing" not in fresh.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from datetime import date, datetime, timezone
+from datetime import date
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -127,13 +127,13 @@ def test_every_parameter_has_a_description_for_the_ui_form() -> None:
         assert all(field.description for field in model.model_fields.values()), model.__name__
 
 
-def test_idempotency_key_is_stable_for_a_retry_and_changes_with_parameters_or_day() -> None:
-    day = datetime(2026, 11, 30, 9, tzinfo=timezone.utc)
+def test_idempotency_key_is_stable_for_a_retry_and_changes_with_parameters_or_inputs() -> None:
     params = OnDemandParams(items_uri="s3://lake/i.parquet", interactions_uri="s3://lake/x.parquet")
-    key = default_idempotency_key("on-demand", params, day)
-    assert key == default_idempotency_key("on-demand", params.model_copy(), day)
-    assert key != default_idempotency_key("on-demand", params.model_copy(update={"item_ids": ["7"]}), day)
-    assert key != default_idempotency_key("on-demand", params, datetime(2026, 12, 1, tzinfo=timezone.utc))
+    inputs = {"s3://lake/i.parquet": {"size": "10", "ETag": "a"}, "s3://lake/x.parquet": {"size": "20", "ETag": "b"}}
+    key = default_idempotency_key("on-demand", params, inputs)
+    assert key == default_idempotency_key("on-demand", params.model_copy(), dict(inputs))
+    assert key != default_idempotency_key("on-demand", params.model_copy(update={"item_ids": ["7"]}), inputs)
+    assert key != default_idempotency_key("on-demand", params, {**inputs, "s3://lake/i.parquet": {"size": "10", "ETag": "c"}})
 
 
 def test_deployment_specs_follow_settings_and_put_on_demand_first() -> None:
