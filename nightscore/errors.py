@@ -22,6 +22,13 @@ class InputUnreadable(ContractViolation):
     """An input file is missing, corrupt, empty or lacks required columns (exit 3)."""
 
 
+class LakeUnavailable(NightscoreError, ConnectionError):
+    """The lake's storage could not be reached (connection reset, refused, timeout) after retries (exit 1).
+
+    A ConnectionError too, so the retry rule of I/O tasks (tasks/retries.py) treats it as transient.
+    """
+
+
 class ModelLoadError(NightscoreError):
     """The encoder's or the ranker's files could not be found or loaded (exit 1)."""
 

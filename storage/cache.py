@@ -27,6 +27,8 @@ from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from nightscore.errors import CacheUnavailable, PublishError
 
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 REDIS_SOCKET_TIMEOUT_S = 2.0
+REDIS_RETRY_BASE_S, REDIS_RETRY_CAP_S = 0.1, 2.0  # first backoff of a retried command, and its ceiling
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SCAN_COUNT = 1000
 DEFAULT_VERSION_GRACE_S = 86_400.0
@@ -390,15 +393,22 @@ def redact_url(url: str) -> str:
 
 
 class RedisCache(CandidateCache):
-    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False)."""
+    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False).
 
-    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> None:
+    Every command (pipelines and scripts included) that fails in transport — a reset connection, a timeout — is
+    retried ``retries`` times with exponential backoff on a fresh connection before CacheUnavailable; each is
+    safe to repeat (SET, PEXPIRE NX, the pointer scripts).
+    """
+
+    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> None:
         self.url = url
         self.prefix = prefix
         self.version_grace_s = version_grace_s
         self._where = redact_url(url)
         self._client = redis.Redis.from_url(
-            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S
+            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+            retry=Retry(ExponentialBackoff(cap=REDIS_RETRY_CAP_S, base=REDIS_RETRY_BASE_S), retries),
+            retry_on_error=list(_REDIS_DOWN),
         )
         self._switch = self._client.register_script(_SWITCH_SCRIPT)
         self._set_pointers = self._client.register_script(_SET_POINTERS_SCRIPT)
@@ -504,8 +514,8 @@ class RedisCache(CandidateCache):
         self._client.close()
 
 
-def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> CandidateCache:
-    """Open the cache at a redis:// or rediss:// URL, or else the SQLite file at that path."""
+def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> CandidateCache:
+    """Open the cache at a redis:// or rediss:// URL (transport errors retried ``retries`` times), or else the SQLite file."""
     if location.startswith(REDIS_SCHEMES):
-        return RedisCache(location, prefix, version_grace_s)
+        return RedisCache(location, prefix, version_grace_s, retries)
     return SqliteCache(location, prefix, version_grace_s)
