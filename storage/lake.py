@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import fsspec
 import polars as pl
+import pyarrow as pa
 import pyarrow.lib
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
@@ -118,15 +119,16 @@ class Lake:
             if not fs.exists(path):
                 raise InputUnreadable(f"{dataset} file {uri}: not found")
             try:
-                if self.is_local and fs is self.fs:
-                    frame = pl.scan_parquet(path)
-                else:
-                    with fs.open(path, "rb") as handle:
-                        frame = pl.read_parquet(handle).lazy()
-                names = frame.collect_schema().names()
-                if where is not None:
-                    frame = frame.filter(where)
-                return frame.select([c for c in names if columns is None or c in columns]).collect()
+                try:
+                    frame = pl.scan_parquet(path) if self.is_local and fs is self.fs else _remote_frame(fs, path)
+                    names = frame.collect_schema().names()
+                    picked = frame.filter(where) if where is not None else frame
+                    return picked.select([c for c in names if columns is None or c in columns]).collect()
+                except pl.exceptions.ComputeError as exc:
+                    if "utf-8" not in str(exc).lower():
+                        raise
+                    table = _arrow_table(fs, path, columns)  # polars refuses the file; arrow hands it over, bytes flagged
+                    return table.filter(where) if where is not None else table
             except (pl.exceptions.PolarsError, pyarrow.lib.ArrowException, OSError, ValueError) as exc:
                 if transport_error(exc) is not None:
                     raise  # the transport's fault: retried by _io
@@ -282,6 +284,48 @@ class Lake:
         return uri
 
 
+def binary_unless_utf8(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
+    """Return batch with each string column whose bytes are not all valid UTF-8 viewed as binary.
+
+    Arrow does not check string data a Parquet file declares UTF-8, and polars would take invalid bytes into its
+    strings (and fail later, far from the cause); as binary they reach the input contracts, which decode them row
+    by row and quarantine the rows that are not UTF-8 (data_contracts/inputs.py).
+    """
+    columns, changed = [], False
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                column, changed = _as_binary(column, pa.binary() if pa.types.is_string(field.type) else pa.large_binary()), True
+        columns.append(column)
+    if not changed:
+        return batch
+    if isinstance(batch, pa.Table):
+        return pa.Table.from_arrays(columns, names=batch.schema.names)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def _as_binary(column: pa.Array | pa.ChunkedArray, binary: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """Return a string column's bytes as a binary column of the same layout (no copy)."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([chunk.view(binary) for chunk in column.chunks], type=binary)
+    return column.view(binary)
+
+
+def _remote_frame(fs: fsspec.AbstractFileSystem, path: str) -> pl.LazyFrame:
+    with fs.open(path, "rb") as handle:
+        return pl.read_parquet(handle).lazy()
+
+
+def _arrow_table(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None) -> pl.DataFrame:
+    """Return a Parquet file read by Arrow (only the wanted columns that exist), invalid UTF-8 columns as binary."""
+    with fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        names = [c for c in parquet.schema_arrow.names if columns is None or c in columns]
+        return pl.from_arrow(binary_unless_utf8(parquet.read(columns=names)))  # type: ignore[return-value]
+
+
 def _unreadable(exc: BaseException, dataset: str, uri: str) -> InputUnreadable:
     """Return the contract failure of a file that is there but cannot be read as Parquet."""
     return InputUnreadable(f"{dataset} file {uri}: not a readable Parquet file ({_first_line(exc)})")
@@ -313,7 +357,7 @@ def _batches(fs: fsspec.AbstractFileSystem, path: str, uri: str, dataset: str, c
             parquet = pq.ParquetFile(handle, pre_buffer=False)  # pre-buffering reads every row group up front
             names = [c for c in parquet.schema_arrow.names if columns is None or c in columns]
             for batch in parquet.iter_batches(batch_size=batch_size, columns=names):
-                yield pl.from_arrow(batch)  # type: ignore[misc]
+                yield pl.from_arrow(binary_unless_utf8(batch))  # type: ignore[misc]
     except (pyarrow.lib.ArrowException, OSError, ValueError) as exc:
         if transport_error(exc) is not None:
             raise
