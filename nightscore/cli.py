@@ -255,11 +255,13 @@ def prune(
     keep_days: Optional[int] = typer.Option(None, "--keep-days", min=0, help="Keep the rows of runs dated within N days."),
     home: Optional[Path] = HomeOption,
 ) -> None:
-    """Delete the rows of old runs from the warehouse (never the latest published run)."""
+    """Delete old runs' rows from the warehouse and their folders from the lake (never the latest published run)."""
     cfg = _settings(home, "prune")
-    from storage.resources import warehouse_for
+    from storage.pruning import prune as prune_all
+    from storage.resources import lake_for, warehouse_for
 
-    typer.echo(f"pruned {warehouse_for(cfg).prune(keep_runs, keep_days)} run(s)")
+    report = prune_all(warehouse_for(cfg), lake_for(cfg), keep_runs, keep_days)
+    typer.echo(f"pruned {report.runs} run(s); removed {report.folders} lake folder(s), {report.bytes_freed / 1e6:.1f} MB")
 
 
 @app.command("up")

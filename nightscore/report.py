@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from nightscore.settings import Settings
@@ -21,11 +22,46 @@ def cost(published: Published, settings: Settings) -> dict[str, float]:
 
 
 def _docs_links(data_docs: dict[str, str]) -> str:
-    return ", ".join(f"[{name}]({_file_link(path)})" for name, path in sorted(data_docs.items())) or "none"
+    """Return the Data Docs of a run as text: links when served over HTTP(S), else their lake paths (never file://)."""
+    return ", ".join(f"[{name}]({path})" if path.startswith(("http://", "https://")) else f"{name} `{path}`"
+                     for name, path in sorted(data_docs.items())) or "none"
 
 
-def _file_link(path: str) -> str:
-    return path if "://" in path else f"file://{path}"
+def served_docs(data_docs: dict[str, str], lake_root: str, base_url: str | None) -> dict[str, str]:
+    """Return each dataset's Data Docs page as an URL under base_url (which serves the lake root), or as it was."""
+    if not base_url:
+        return dict(data_docs)
+    root = lake_root.split("://", 1)[-1].rstrip("/")
+    served = {}
+    for name, path in data_docs.items():
+        relative = path.split("://", 1)[-1]
+        served[name] = f"{base_url.rstrip('/')}/{relative[len(root):].lstrip('/')}" if relative.startswith(root) else path
+    return served
+
+
+def contracts_line(artifact_id: str | None, data_docs: dict[str, str]) -> str:
+    """Return the summary's contracts cell: a link to the run's contracts artifact (any machine with the UI), and the docs."""
+    results = f"[results of every expectation](/artifacts/artifact/{artifact_id})" if artifact_id else "results in the run's log"
+    return f"{results}; Data Docs: {_docs_links(data_docs)}"
+
+
+def contracts_markdown(run_id: str, results: dict[str, dict[str, Any] | None], data_docs: dict[str, str]) -> str:
+    """Return the run's contracts artifact: each dataset's suite version and every expectation with its observed value."""
+    lines = [f"# Data contracts of run {run_id}", ""]
+    for dataset, result in results.items():
+        docs = _docs_links({dataset: data_docs[dataset]}) if dataset in data_docs else "none"
+        if result is None:
+            lines += [f"## {dataset}", "", f"no results recorded; Data Docs: {docs}", ""]
+            continue
+        verdict = "passed" if result.get("success") else "FAILED"
+        lines += [f"## {dataset} (suite v{result.get('suite_version')}): {verdict}", "", f"Data Docs: {docs}", "",
+                  "| expectation | column | table | result | observed |", "|---|---|---|---|---|"]
+        for outcome in result.get("outcomes", []):
+            observed = json.dumps(outcome.get("observed"), default=str)[:120]
+            lines.append(f"| `{outcome['expectation']}` | {outcome.get('column') or ''} | {outcome.get('table')} | "
+                         f"{'ok' if outcome.get('success') else 'FAILED'} | `{observed}` |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _number(value: float | None, digits: int = 3) -> str:

@@ -234,6 +234,19 @@ class Lake:
         fs.mv(tmp, path)
         return uri
 
+    def remove_tree(self, uri: str) -> int:
+        """Delete a folder of the lake and everything under it; return the bytes freed (0 when there was none)."""
+        fs, path = self._fs_path(uri)
+
+        def remove() -> int:
+            if not fs.exists(path):
+                return 0
+            size = int(fs.du(path, total=True))
+            fs.rm(path, recursive=True)
+            return size
+
+        return self._io("removing", uri, remove)
+
     def _fs_path(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         """Return the filesystem and path of uri: the lake's own for its paths and for URIs of its protocol."""
         if uri.startswith(self.root) or "://" not in uri:

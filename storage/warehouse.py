@@ -118,9 +118,13 @@ class Warehouse(ABC):
         No publication commits meanwhile, so action may move the cache pointers to match.
         """
 
-    @abstractmethod
     def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
         """Delete the rows of old runs (never the latest published one); return how many runs were pruned."""
+        return self.prune_runs(keep_runs, keep_days).runs
+
+    @abstractmethod
+    def prune_runs(self, keep_runs: int | None, keep_days: int | None) -> Pruned:
+        """Delete the rows of old runs (never the latest published one); return what went and whose lake folders may go."""
 
     @abstractmethod
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
@@ -151,6 +155,15 @@ class Warehouse(ABC):
         except WarehouseMissing:
             return None
         return PublishedRun(rows[0][0], rows[0][1]) if rows else None
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune did in the warehouse, and what it leaves to the lake."""
+
+    runs: int  # runs that lost rows or changed status
+    folders: list[tuple[str, str]]  # (run_id, run_date) whose run folders may go: old runs, superseded attempts
+    dates_gone: list[str]  # run_dates no published run is left for (their lake partitions may go)
 
 
 @dataclass(frozen=True)
@@ -333,21 +346,24 @@ class SqlWarehouse(Warehouse):
         """Return the transaction lease rows change in (PostgreSQL: without the writers' schema lock)."""
         return self._transaction()
 
-    def prune(self, keep_runs: int | None, keep_days: int | None) -> int:
+    def prune_runs(self, keep_runs: int | None, keep_days: int | None) -> Pruned:
         """Delete item_scores, user_candidates and quarantine rows of old runs in one transaction.
 
         A run is old when it is beyond the newest ``keep_runs`` published runs (published runs of
         lower rank, and other runs that started before the oldest kept one was published), or when
         its run_date is more than ``keep_days`` days before today. The latest published run is never
-        pruned. scoring_runs rows stay; pruned published runs get status 'pruned' so a rollback can
-        never make an empty run latest.
+        pruned, nor a run whose attempt holds a live lease. scoring_runs rows stay; pruned published runs
+        get status 'pruned' so a rollback can never make an empty run latest.
 
         Returns:
-            How many runs lost rows or changed status (0 when there was nothing left to prune).
+            How many runs lost rows or changed status; the (run_id, run_date) whose lake folders may go (the old
+            runs, and failed or interrupted attempts that a later publication of their date superseded); the
+            run_dates left without a published run.
         """
         _check_keep(keep_runs, keep_days)
         with self._transaction() as session:
-            doomed = _runs_to_prune(session, keep_runs, keep_days)
+            live = _live_runs(session)
+            doomed = _runs_to_prune(session, keep_runs, keep_days) - live
             touched = _runs_with_rows(session, doomed) | _published_among(session, doomed)
             if touched:
                 marks = ", ".join("?" for _ in touched)
@@ -355,8 +371,13 @@ class SqlWarehouse(Warehouse):
                     session.run(f"DELETE FROM {table} WHERE run_id IN ({marks})", sorted(touched))
                 session.run(f"UPDATE scoring_runs SET status = 'pruned' WHERE status = 'published' AND run_id IN ({marks})",
                             sorted(touched))
-        log.info("pruned %d run(s)", len(touched))
-        return len(touched)
+            dates = {row[0]: str(row[1]) for row in session.run("SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs")}
+            published = {str(row[0]) for row in session.run(f"SELECT CAST(run_date AS VARCHAR) FROM ({_PUBLISHED}) p "
+                                                            "JOIN scoring_runs USING (run_id)")}
+            folders = doomed | (_superseded_attempts(session) - live)
+        log.info("pruned %d run(s); %d run folder(s) may go", len(touched), len(folders))
+        gone = sorted({dates[run_id] for run_id in touched} - published)
+        return Pruned(len(touched), sorted((run_id, dates[run_id]) for run_id in folders), gone)
 
 
 _PUBLISHED = "SELECT run_id FROM scoring_runs WHERE status = 'published'"
@@ -390,6 +411,24 @@ def _runs_to_prune(session: Session, keep_runs: int | None, keep_days: int | Non
         oldest_kept = date.today() - timedelta(days=keep_days)
         doomed |= {run_id for run_id, run_date, _ in runs if run_date is not None and run_date < oldest_kept}
     return doomed - {published[0][0]} if published else doomed
+
+
+def _live_runs(session: Session) -> set[str]:
+    """Return the runs whose attempt holds a lease that has not expired (never pruned under a running attempt)."""
+    exists = session.run("SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_leases' "
+                         "AND table_schema = current_schema()")
+    if not exists or not exists[0][0]:
+        return set()
+    return {row[0] for row in session.run("SELECT run_id FROM run_leases WHERE expires_at > ? AND run_id IS NOT NULL", [_now()])}
+
+
+def _superseded_attempts(session: Session) -> set[str]:
+    """Return the failed, interrupted or abandoned attempts of a run_date that a later publication of it superseded."""
+    rows = session.run(
+        "SELECT a.run_id FROM scoring_runs a WHERE a.status IN ('failed', 'interrupted', 'running') AND EXISTS ("
+        "SELECT 1 FROM scoring_runs p WHERE p.run_date = a.run_date AND p.run_id <> a.run_id "
+        "AND p.published_at IS NOT NULL AND p.published_at > a.started_at)")
+    return {row[0] for row in rows}
 
 
 def _runs_with_rows(session: Session, run_ids: set[str]) -> set[str]:

@@ -6,6 +6,7 @@ Also the encode progress artifact, created at planning and moved by each shard.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -15,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
 from nightscore import plots as draw
-from nightscore.report import QuarantineRule, summary_markdown, timing_rows
+from nightscore.report import QuarantineRule, contracts_line, contracts_markdown, served_docs, summary_markdown, timing_rows
 from nightscore.run_context import run_folder
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
@@ -43,12 +44,21 @@ def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, s
     uris = save_plots(lake, run, pngs)
     rules = quarantine_by_rule(lake, run)
     warn_about(published, rules, run.settings.max_seq_length)
+    docs = served_docs(published.data_docs, lake.root, run.settings.data_docs_base_url)
+    contracts = create_markdown_artifact(contracts_markdown(run.run_id, contract_results(lake, run, docs), docs),
+                                         key=artifact_key("contracts"), description=f"Run {run.run_id}: data contracts")
     markdown = summary_markdown(published, {"items_uri": run.items_uri, "interactions_uri": run.interactions_uri},
-                                run.settings, {title: _data_uri(png) for title, png in pngs.items()}, rules)
+                                run.settings, {title: _data_uri(png) for title, png in pngs.items()}, rules,
+                                contracts_line(str(contracts), docs))
     create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {run.run_id}: summary and plots")
     create_table_artifact(timing_rows(published.stage_seconds), key=artifact_key("stage-timings"),
                           description=f"Run {run.run_id}: seconds per stage")
     return uris
+
+
+def contract_results(lake: Lake, run: RunRef, datasets: dict[str, str]) -> dict[str, dict[str, Any] | None]:
+    """Return each dataset's expectation outcomes as the suites wrote them (contracts/<dataset>.results.json)."""
+    return {dataset: lake.read_json(run.path(f"contracts/{dataset}.results.json")) for dataset in datasets}
 
 
 def quarantine_by_rule(lake: Lake, run: RunRef) -> list[QuarantineRule]:

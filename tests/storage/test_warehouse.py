@@ -526,3 +526,17 @@ def test_finalize_deletes_the_replaced_rows_and_a_first_retraction_leaves_nothin
     assert wh.query("select distinct run_id from item_scores").rows == [("r2",)]
     assert wh.retract("r2", "late failure") is None  # nothing left to give the date back to
     assert one(wh, "select count(*) from item_scores") == 0 and one(wh, "select count(*) from latest_run") == 0
+
+
+def test_prune_names_the_folders_of_old_and_superseded_runs_but_never_a_live_one(wh: Warehouse) -> None:
+    wh.record_run({**run_row("f1", date(2026, 11, 2)), "status": "failed"})  # an attempt its date's publication superseded
+    publish(wh, "r1", date(2026, 11, 1))
+    publish(wh, "r2", date(2026, 11, 2))
+    wh.record_run({**run_row("live", date(2026, 11, 3)), "status": "running"})  # started before r3: old by the rules...
+    assert wh.acquire_lease("run_date:2026-11-03", "holder", 60, lambda _: False) is None
+    assert wh.renew_lease("run_date:2026-11-03", "holder", 60, run_id="live")  # ...but its attempt is alive
+    publish(wh, "r3", date(2026, 11, 4))
+    pruned = wh.prune_runs(keep_runs=1, keep_days=None)
+    assert pruned.runs == 2 and pruned.dates_gone == ["2026-11-01", "2026-11-02"]
+    assert pruned.folders == [("f1", "2026-11-02"), ("r1", "2026-11-01"), ("r2", "2026-11-02")]
+    assert statuses(wh)["live"] == "running"

@@ -180,5 +180,5 @@ def test_report_cost_and_markdown() -> None:
     assert spend["gpu_hours"] == pytest.approx(0.01) and spend["cost_per_1k_items"] == pytest.approx(0.05)
     assert cost(published(device="cpu"), settings)["gpu_hours"] == 0.0
     text = summary_markdown(summary, {"items_uri": "i", "interactions_uri": "x"}, settings, {"Topics": "data:image/png;base64,AA"})
-    assert "[items](file:///lake/docs/index.html)" in text and "![Topics](data:image/png;base64,AA)" in text
+    assert "items `/lake/docs/index.html`" in text and "file://" not in text and "![Topics](data:image/png;base64,AA)" in text
     assert [r["share"] for r in timing_rows(summary.stage_seconds)] == ["90.0%", "10.0%"]
