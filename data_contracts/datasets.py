@@ -284,7 +284,8 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
 
 
 def _validate_table(context: AbstractDataContext, source: PandasDatasource, dataset: str, table: str,
-                    expectations: list[Expectation], data: pd.DataFrame, meta: dict[str, Any]) -> list[ExpectationValidationResult]:
+                    expectations: list[Expectation], data: pd.DataFrame,
+                    meta: dict[str, Any]) -> list[ExpectationValidationResult]:
     import great_expectations as gx
 
     batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
@@ -398,6 +399,7 @@ def render_failures(report: DatasetReport) -> str:
     """Return one line per failed expectation with its observed value (empty when the dataset passed)."""
     head = f"{report.dataset} (suite v{report.suite_version})"
     return "\n".join(
-        f"{head}: {f.expectation} on {f.column or 'the table'} failed: observed {json.dumps(f.observed, default=str)}; {f.details}"
+        f"{head}: {f.expectation} on {f.column or 'the table'} failed: "
+        f"observed {json.dumps(f.observed, default=str)}; {f.details}"
         for f in report.failures
     )

@@ -15,7 +15,7 @@ Decisions recorded here are the contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 import pandera.polars as pa
@@ -191,7 +191,7 @@ def duplicate_rows(ids: pl.DataFrame, policy: DuplicatePolicy, row_offset: int =
     if policy == "quarantine_all":
         return rows.select(pl.col(ROW), pl.lit(rule).alias("rule"), pl.col("item_id").alias("value"),
                            pl.lit(None, dtype=pl.String).alias("reason"))
-    ranked = rows.sort(["item_id", pl.col("created_at").fill_null(datetime.min.replace(tzinfo=timezone.utc)), ROW])
+    ranked = rows.sort(["item_id", pl.col("created_at").fill_null(datetime.min.replace(tzinfo=UTC)), ROW])
     kept = ranked.group_by("item_id", maintain_order=True).last().select("item_id", pl.col(ROW).alias("kept_row"),
                                                                         pl.col("created_at").alias("kept_created_at"))
     dropped = rows.join(kept, on="item_id").filter(pl.col(ROW) != pl.col("kept_row"))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import polars as pl
 import pandera.polars as pa
+import polars as pl
 from pandera.errors import SchemaError, SchemaErrors
 
 from nightscore.errors import InputUnreadable

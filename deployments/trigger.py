@@ -37,11 +37,17 @@ def default_idempotency_key(deployment: str, params: BaseModel, inputs: dict[str
 def existing_run(deployment: str, idempotency_key: str) -> dict[str, Any] | None:
     """Return the flow run of the deployment already made with this key (id, state, created), or None."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterIdempotencyKey
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterIdempotencyKey,
+    )
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(idempotency_key=FlowRunFilterIdempotencyKey(any_=[idempotency_key])),
-                                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])), limit=1)
+        same_key = FlowRunFilter(idempotency_key=FlowRunFilterIdempotencyKey(any_=[idempotency_key]))
+        runs = client.read_flow_runs(flow_run_filter=same_key, limit=1,
+                                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])))
     if not runs:
         return None
     return {"flow_run_id": str(runs[0].id), "state": runs[0].state_name, "created": runs[0].created}
@@ -59,8 +65,8 @@ def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[st
     except ObjectNotFound as exc:
         raise UsageError(f"no deployment {deployment_ref(deployment)} on this Prefect server: run `nightscore deploy`") from exc
     assert isinstance(flow_run, FlowRun)  # a sync call returns the run, never a coroutine
-    return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": flow_run.state_type.value if flow_run.state_type else None,
-            "idempotency_key": idempotency_key}
+    state = flow_run.state_type.value if flow_run.state_type else None
+    return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": state, "idempotency_key": idempotency_key}
 
 
 def flow_run_state(flow_run_id: str) -> dict[str, Any]:

@@ -79,7 +79,8 @@ class NightlyParams(_Params):
     run_date: date | None = Field(None, description=RUN_DATE_HELP, json_schema_extra=DATE_SCHEMA)
     items_uri: str | None = Field(None, description="Items Parquet (local path or s3://); empty = the demo inputs in the lake.")
     interactions_uri: str | None = Field(None, description="Interactions Parquet; give it together with items_uri.")
-    resume: str | None = Field(None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs.")
+    resume: str | None = Field(
+        None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs.")
     callback_url: HttpUrl | None = Field(None, description=CALLBACK_HELP, json_schema_extra=CALLBACK_SCHEMA)
 
     @model_validator(mode="after")
@@ -93,7 +94,8 @@ class OnDemandParams(_Params):
     """Parameters of an on-demand run: score the given items now and publish like a nightly run."""
 
     items_uri: str | None = Field(None, description="Items Parquet to score; empty = the latest published run's items.")
-    interactions_uri: str | None = Field(None, description="Interactions Parquet; empty = the latest published run's interactions.")
+    interactions_uri: str | None = Field(
+        None, description="Interactions Parquet; empty = the latest published run's interactions.")
     item_ids: list[str] | None = Field(
         None, description="Add or replace only these items of items_uri in the latest published catalog and publish "
         "the whole catalog (unchanged items reuse their vectors). Empty = score items_uri as it is.",

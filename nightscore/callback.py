@@ -117,8 +117,8 @@ def post_json(url: str, payload: dict[str, Any], attempts: int = 4, backoff_s: f
         return False
     retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=backoff_s),
                         retry=retry_if_exception_type((httpx.HTTPError, CallbackRefused)),
-                        before_sleep=lambda s: log.warning("callback %s failed (attempt %d of %d): %s", url,
-                                                           s.attempt_number, attempts, s.outcome.exception() if s.outcome else ""))
+                        before_sleep=lambda s: log.warning("callback %s failed (attempt %d of %d): %s", url, s.attempt_number,
+                                                           attempts, s.outcome.exception() if s.outcome else ""))
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
             status = retrying(_post, client, url, payload)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -78,7 +78,8 @@ def summary_text(published: Published, elapsed_s: float | None = None, quarantin
     """
     r = published.record
     lines = [
-        f"run {r.run_id} ({r.run_date}) {r.status} in {_took(r.wall_seconds, elapsed_s)}" + (f" on {r.device}" if r.rows_computed else ""),
+        f"run {r.run_id} ({r.run_date}) {r.status} in {_took(r.wall_seconds, elapsed_s)}"
+        + (f" on {r.device}" if r.rows_computed else ""),
         f"  items: {r.rows_in} in, {r.rows_scored} scored, {r.rows_quarantined} quarantined",
         f"  interactions: {r.interactions_in} in, {r.interactions_quarantined} quarantined;"
         f" users with candidates: {r.users_with_candidates}",

@@ -63,7 +63,8 @@ class Settings(BaseSettings):
 
     # --- cache versions ------------------------------------------------------------------------
     cache_version_grace_s: float = Field(
-        86_400, ge=0, description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
+        86_400, ge=0,
+        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
     )
 
     # --- encoder ---------------------------------------------------------------------------
@@ -72,7 +73,8 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
-        "auto", description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
+        "auto",
+        description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
@@ -134,7 +136,8 @@ class Settings(BaseSettings):
     work_pool: str = Field("nightscore", description="Process work pool of the deployments (queues on-demand and scheduled).")
     gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
     gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
-    hourly_price_usd: float = Field(2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
+    hourly_price_usd: float = Field(
+        2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
     prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
 
     # --- safety and operations (issue 18) ---
@@ -157,7 +160,8 @@ class Settings(BaseSettings):
         "in queue priority order. None: no limit.")
     lake_retries: int = Field(
         3, ge=0, description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff.")
-    lake_retry_backoff_s: float = Field(0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time).")
+    lake_retry_backoff_s: float = Field(
+        0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time).")
     cache_retries: int = Field(
         2, ge=0, description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff.")
     duplicate_id_policy: Literal["quarantine_all", "keep_latest"] = Field(

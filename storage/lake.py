@@ -60,7 +60,8 @@ def _transport_types() -> tuple[type[BaseException], ...]:
 
 def transport_error(exc: BaseException) -> BaseException | None:
     """Return the connection failure (reset, refused, timeout) in an exception's chain, or None when there is none."""
-    types, seen, current = _transport_types(), set(), exc
+    types, seen = _transport_types(), set()
+    current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, types) or (isinstance(current, OSError) and current.errno in TRANSPORT_ERRNOS):

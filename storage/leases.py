@@ -112,7 +112,7 @@ class RunLease:
         """Push the lease ttl_s ahead; return False (and remember it) when another attempt took it over."""
         try:
             held = self.warehouse.renew_lease(self.key, self.holder, self.ttl_s, self.run_id)
-        except NightscoreError as exc:  # a locked or unreachable warehouse: try again at the next beat
+        except Exception as exc:  # noqa: BLE001 - a locked or unreachable warehouse: try again at the next beat
             log.warning("could not renew the lease on %s: %s", self.key, exc)
             return True
         if not held and not self.lost:
@@ -147,12 +147,12 @@ def hold(warehouse: Warehouse, heartbeat: Warehouse, run_date: str, token: str, 
     key, holder = lease_key(run_date), holder_id(token)
     deadline, said = time.monotonic() + wait_s, 0.0
     while True:
+        busy: WarehouseBusy | None = None
         try:
             held = warehouse.acquire_lease(key, holder, ttl_s, holder_is_stale)
         except WarehouseBusy as exc:  # another process writes: the lease is still to be had
             held, busy = None, exc
         else:
-            busy = None
             if held is None:
                 return _register(RunLease(heartbeat, key, holder, ttl_s), token)
         left = deadline - time.monotonic()

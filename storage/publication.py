@@ -46,7 +46,7 @@ def switch_in_transaction(cache: CandidateCache, run_id: str, latest: str) -> Po
 
 
 def take_back(cache: CandidateCache, run_id: str, before: Pointers) -> None:
-    """Take run_id out of the pointer chain: both pointers back to before when it is current, previous fixed when it is previous."""
+    """Take run_id out of the pointer chain: both pointers back to before when it is current, previous fixed if previous."""
     now = pointers(cache)
     if now.current == run_id:
         cache.set_pointers(before.current, before.previous)

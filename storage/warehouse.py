@@ -296,8 +296,8 @@ class SqlWarehouse(Warehouse):
         pointers back. A run that is not published is left alone (nothing to take back).
         """
         with self._transaction() as session:
-            changed = session.run("UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? AND status = 'published' "
-                                  "RETURNING run_date", [message[:1000], run_id])
+            changed = session.run("UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? "
+                                  "AND status = 'published' RETURNING run_date", [message[:1000], run_id])
             if changed:
                 for table in ("item_scores", "user_candidates"):
                     session.run(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
@@ -318,7 +318,8 @@ class SqlWarehouse(Warehouse):
         """Take key for holder unless a live other holder has it (not expired, not stale); return that holder's row."""
         now = _now()
         with self._lease_transaction() as session:
-            rows = session.run("SELECT lease_key, run_id, holder, renewed_at, expires_at FROM run_leases WHERE lease_key = ?", [key])
+            rows = session.run("SELECT lease_key, run_id, holder, renewed_at, expires_at FROM run_leases "
+                               "WHERE lease_key = ?", [key])
             current = LeaseRow(*rows[0]) if rows else None
             if current is not None and current.holder != holder and _aware(current.expires_at) > now \
                     and not is_stale(current.holder):
@@ -598,7 +599,8 @@ class DuckDBWarehouse(SqlWarehouse):
         A lock still held at the end of the bounded wait raises PublishError (writes) or WarehouseBusy (reads), never
         WarehouseMissing: a locked warehouse is not "no warehouse yet".
         """
-        stop = stop_after_delay(self.lock_timeout_s) if self.lock_timeout_s is not None else stop_after_attempt(self.lock_retries + 1)
+        stop = (stop_after_delay(self.lock_timeout_s) if self.lock_timeout_s is not None
+                else stop_after_attempt(self.lock_retries + 1))
         retrying = Retrying(
             retry=retry_if_exception(_is_lock_error), stop=stop,
             wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0), reraise=True,
@@ -659,7 +661,8 @@ def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if len(statements) != 1:
         raise QueryRefused(f"query refused: give exactly one statement, got {len(statements)}")
     if statements[0].type != duckdb.StatementType.SELECT:
-        raise QueryRefused(f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, got {statements[0].type.name}")
+        raise QueryRefused(f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, "
+                           f"got {statements[0].type.name}")
     known = {str(row[0]) for row in con.execute(
         "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()}
     foreign = sorted(name for name in con.get_table_names(sql) if name not in known)

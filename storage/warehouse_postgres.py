@@ -73,14 +73,15 @@ class PostgresSession:
             batches = rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS) if isinstance(rows, pa.Table) \
                 else (batch.select(columns) for batch in rows)  # a stream: one batch in memory at a time
             for batch in batches:
-                for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds))):
+                for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds)), strict=True):
                     copy.write_row(row)
 
 
 class PostgresWarehouse(SqlWarehouse):
     """A schema on a PostgreSQL server; one connection per operation, closed after it."""
 
-    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10,
+                 lock_timeout_s: float = 120.0) -> None:
         self.url, self.where = url, redact(url)
         self.embedding_dim = embedding_dim
         self.connect_timeout_s, self.lock_timeout_s = connect_timeout_s, lock_timeout_s

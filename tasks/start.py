@@ -109,7 +109,8 @@ def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) 
     return items_uri, interactions_uri
 
 
-def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED) -> tuple[str, str]:
+def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS,
+                       seed: int = DEMO_SEED) -> tuple[str, str]:
     """Return (items URI, interactions URI) of the demo inputs in the lake, generating them if absent."""
     items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
     if not (lake.exists(items_uri) and lake.exists(inter_uri)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,9 +12,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -45,7 +46,7 @@ def serving(args: list[str], env: dict[str, str] | None, log_path: Path, ready: 
             what: str, stop_timeout: float) -> Iterator[subprocess.Popen]:
     """Start a server in its own process group (output to log_path), wait until ready(); SIGTERM the group after
     (SIGKILL past stop_timeout)."""
-    log = open(log_path, "ab")
+    log = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below, after the server stopped
     server = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(ready, timeout, server, what)
@@ -184,7 +185,11 @@ class ResettingProxy:
             if reset:
                 _rst(client)
                 continue
-            upstream = socket.create_connection(self.target)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:  # the server behind is gone: so is this connection
+                _rst(client)
+                continue
             with self._lock:
                 self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -224,7 +229,5 @@ def _rst(sock: socket.socket) -> None:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.close()
-    except OSError:
-        pass

@@ -76,7 +76,8 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no warehouse" in done.stderr
 
 
-def test_unreadable_input_exits_3_naming_the_file(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+def test_unreadable_input_exits_3_naming_the_file(
+        demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
     home, inputs, _ = demo_run
     bad = tmp_path / "items.parquet"
     pl.read_parquet(inputs / "items.parquet").drop("item_id").write_parquet(bad)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
 from nightscore.demo_data import generate_demo_data
 
-RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=timezone.utc), max_text_chars=20_000)
+RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=UTC), max_text_chars=20_000)
 URI = "mem://items.parquet"
 
 

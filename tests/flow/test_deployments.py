@@ -14,19 +14,20 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import httpx
 import psycopg
 import pytest
 
-from tests.servers import free_port, prefect_server
 from tests.helpers import demo_inputs
+from tests.servers import free_port, prefect_server
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -87,7 +88,7 @@ class Callbacks:
         received = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 self.send_response(204)
                 self.end_headers()
@@ -192,18 +193,21 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
         assert first.status_code == 201 and again.json()["id"] == first.json()["id"]  # same key: the same run
         wait_for_log(api, first.json()["id"], "waiting for a slot of global concurrency limit 'gpu'")
         time.sleep(2)
-        released = datetime.now(timezone.utc)
+        released = datetime.now(UTC)
 
     run = wait_final(api, first.json()["id"])
     held = [at for at, message in run_logs(api, run["id"]) if message.startswith("holding a slot of 'gpu'")]
     assert held and min(held) >= released  # no shard encoded while the slot was taken
     assert run["state_type"] == "COMPLETED", run["state"]["message"]
-    print(f"trigger-to-running latency: {seconds_to_running(api, run['id']):.1f} s")  # noqa: T201 - for the issue note
-    rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?", [run["id"]])
+    print(f"trigger-to-running latency: {seconds_to_running(api, run['id']):.1f} s")
+    rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?",
+                          [run["id"]])
     assert rows and rows[0][1:] == ("published", 300)
-    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?", [rows[0][0]]) == [(300,)]
+    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?",
+                          [rows[0][0]]) == [(300,)]
 
-    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}, timeout=10).json()
+    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}},
+                           timeout=10).json()
     by_key = {a["key"]: a for a in artifacts}
     assert {"on-demand-summary", "on-demand-stage-timings", "on-demand-encode-progress"} <= set(by_key)
     summary = by_key["on-demand-summary"]["data"]

@@ -5,7 +5,7 @@ truncated (issue 18, items 11, 12 and 13)."""
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -29,7 +29,7 @@ def catalogue(folder: Path) -> tuple[Path, pl.DataFrame]:
     ids, bodies, stamps = items["item_id"].to_list(), items["body"].to_list(), items["created_at"].to_list()
     bodies[5] = "Caf\ufffd menu: the replacement character is part of this real description"
     ids[30] = ids[40] = ids[20]  # one item, three versions of it
-    stamps[20], stamps[30], stamps[40] = (datetime(2026, 11, d, tzinfo=timezone.utc) for d in (3, 9, 1))
+    stamps[20], stamps[30], stamps[40] = (datetime(2026, 11, d, tzinfo=UTC) for d in (3, 9, 1))
     bodies[30] = "the version exported last, and the one to keep"
     items = items.with_columns(pl.Series("item_id", ids), pl.Series("body", bodies), pl.Series("created_at", stamps))
     raw = [b.encode() for b in bodies]

@@ -82,10 +82,10 @@ def test_data_docs_assets_are_kept_once_and_the_summary_links_work_over_http(
     pages = re.findall(r"\[(\w+)\]\((http://127\.0\.0\.1:\d+/[^)]+/index\.html)\)", summary)
     assert {name for name, _ in pages} == {"items", "interactions", "item_scores", "user_candidates"}
     for _, url in pages:
-        html = urllib.request.urlopen(url, timeout=10).read().decode()  # noqa: S310 - loopback test server
+        html = urllib.request.urlopen(url, timeout=10).read().decode()
         favicon = re.search(r'href="([^"]*favicon\.ico)"', html)
         assert favicon and "docs-static" in favicon.group(1)
-        assert urllib.request.urlopen(urllib.parse.urljoin(url, favicon.group(1)), timeout=10).status == 200  # noqa: S310
+        assert urllib.request.urlopen(urllib.parse.urljoin(url, favicon.group(1)), timeout=10).status == 200
 
 
 def test_prune_removes_the_lake_folders_of_pruned_and_superseded_runs(
@@ -95,7 +95,8 @@ def test_prune_removes_the_lake_folders_of_pruned_and_superseded_runs(
     bad = tmp_path / "bad"
     bad.mkdir()
     items = pl.read_parquet(good / "items.parquet")
-    items.with_columns(pl.lit("").alias("body"), pl.lit(None, dtype=pl.String).alias("title")).write_parquet(bad / "items.parquet")
+    blank = items.with_columns(pl.lit("").alias("body"), pl.lit(None, dtype=pl.String).alias("title"))
+    blank.write_parquet(bad / "items.parquet")
     (bad / "interactions.parquet").write_bytes((good / "interactions.parquet").read_bytes())
     with pytest.raises(ContractViolation):
         run(bad, "2026-11-30")  # a failed attempt of the date...

@@ -30,7 +30,7 @@ def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subpro
     """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
     child.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
-    log = open(f"{home}-{name}.log", "w")
+    log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen([CLI, "run", "nightly", "--items", str(inputs / "items.parquet"), "--interactions",
                              str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
                             env=child, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -45,8 +45,9 @@ def state() -> dict[str, object]:
     with cache_for(cfg) as cache:
         pointers = (cache.current(), cache.previous(), cache.versions())
     glob = f"{lake.root}/outputs/item_scores/*/*.parquet"
-    partitions = dict(duckdb.sql(f"SELECT run_date::varchar, min(run_id) FROM read_parquet('{glob}', hive_partitioning = true) "
-                                 "GROUP BY 1").fetchall()) if list(Path(lake.root, "outputs", "item_scores").glob("*/*.parquet")) else {}
+    written = list(Path(lake.root, "outputs", "item_scores").glob("*/*.parquet"))
+    sql = f"SELECT run_date::varchar, min(run_id) FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY 1"
+    partitions = dict(duckdb.sql(sql).fetchall()) if written else {}
     return {"latest": latest.run_id if latest else None, "pointers": pointers, "rows": rows, "candidates": candidates,
             "partitions": partitions}
 

@@ -7,6 +7,7 @@ pool limit), then driven through the REST API as a service would.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -100,7 +101,7 @@ class Recorder:
         bodies = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 self.send_response(204)
                 self.end_headers()
@@ -138,7 +139,7 @@ def test_the_work_pool_runs_one_flow_run_at_a_time_and_queues_the_rest(deployed:
         at = {s["type"]: datetime.fromisoformat(s["timestamp"].replace("Z", "+00:00")) for s in states}
         intervals.append((min(at.get("PENDING", at["RUNNING"]), at["RUNNING"]), at[final["state_type"]]))
     intervals.sort()
-    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(intervals):
         assert start >= end, f"two flow runs executed at once: {intervals}"  # each waited in the queue
 
 

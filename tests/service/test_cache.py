@@ -235,7 +235,7 @@ def test_concurrent_reader_never_sees_a_mix(cache: CandidateCache, location: tup
         for k in range(6):
             cache.write_version(f"r{k}", _entries(f"r{k}", n_users=200), batch_size=50)
             cache.switch_current(f"r{k}")
-            _wait_for(lambda: last_seen.value >= k, reader)  # the reader saw this version before the next
+            _wait_for(lambda k=k: last_seen.value >= k, reader)  # the reader saw this version before the next
     finally:
         stop.set()
         reads, seen, bad = out.get(timeout=WAIT_S)

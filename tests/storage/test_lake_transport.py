@@ -35,7 +35,8 @@ def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:  # noqa: F811 - the imp
 def lakes(s3_bucket: str, proxy: ResettingProxy) -> tuple[Lake, Lake]:  # noqa: F811
     """Return (a lake straight on moto, the same lake through the proxy with 2 retries)."""
     direct = Lake(s3_bucket, {"use_listings_cache": False})
-    flaky = Lake(s3_bucket, {"use_listings_cache": False, "endpoint_url": proxy.url, **ONE_BOTO_ATTEMPT}, retries=2, backoff_s=0.05)
+    options = {"use_listings_cache": False, "endpoint_url": proxy.url, **ONE_BOTO_ATTEMPT}
+    flaky = Lake(s3_bucket, options, retries=2, backoff_s=0.05)
     direct.write_parquet(pl.DataFrame({"item_id": ["a", "b"], "body": ["x", "y"]}), direct.uri("items.parquet"))
     direct.write_bytes(b"PAR1 this is not a parquet file", direct.uri("corrupt.parquet"))
     return direct, flaky

@@ -7,18 +7,18 @@ import json
 import threading
 from datetime import date
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 import pytest
 
-from tests.helpers import published
 from deployments.definitions import QUEUE_PRIORITIES, deployment_specs
 from deployments.trigger import default_idempotency_key
 from flows.params import BackfillParams, NightlyParams, OnDemandParams
 from nightscore.callback import completion_payload, post_json
 from nightscore.report import cost, summary_markdown, timing_rows
 from nightscore.settings import Settings
+from tests.helpers import published
 
 
 @pytest.mark.parametrize("bad", [
@@ -147,9 +147,9 @@ class _Flaky(BaseHTTPRequestHandler):
     """Answers 500 to the first `failures` POSTs, then 204; records the bodies."""
 
     failures = 2
-    bodies: list[dict[str, Any]] = []
+    bodies: ClassVar[list[dict[str, Any]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         _Flaky.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         self.send_response(500 if len(_Flaky.bodies) <= _Flaky.failures else 204)
         self.end_headers()
@@ -179,6 +179,7 @@ def test_report_cost_and_markdown() -> None:
     spend = cost(summary, settings)
     assert spend["gpu_hours"] == pytest.approx(0.01) and spend["cost_per_1k_items"] == pytest.approx(0.05)
     assert cost(published(device="cpu"), settings)["gpu_hours"] == 0.0
-    text = summary_markdown(summary, {"items_uri": "i", "interactions_uri": "x"}, settings, {"Topics": "data:image/png;base64,AA"})
+    plots = {"Topics": "data:image/png;base64,AA"}
+    text = summary_markdown(summary, {"items_uri": "i", "interactions_uri": "x"}, settings, plots)
     assert "items `/lake/docs/index.html`" in text and "file://" not in text and "![Topics](data:image/png;base64,AA)" in text
     assert [r["share"] for r in timing_rows(summary.stage_seconds)] == ["90.0%", "10.0%"]
