@@ -41,8 +41,12 @@ class WarehouseMissing(UsageError):
     """No warehouse exists yet at the configured location: nothing has run there (exit 2)."""
 
 
-class WarehouseBusy(NightscoreError):
-    """Another process held the warehouse's lock for longer than the bounded wait (exit 1): try again later."""
+class WarehouseBusy(PublishError):
+    """Another process held the warehouse's lock for longer than the bounded wait (exit 1): try again later.
+
+    Reads and writes alike (a write that meets it publishes nothing, hence a PublishError too); never
+    WarehouseMissing, so a locked warehouse is not taken for "no warehouse yet".
+    """
 
 
 class RunBusy(NightscoreError):

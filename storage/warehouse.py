@@ -596,7 +596,7 @@ class DuckDBWarehouse(SqlWarehouse):
     def _connect_with_retry(self, read_only: bool, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
         """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
 
-        A lock still held at the end of the bounded wait raises PublishError (writes) or WarehouseBusy (reads), never
+        A lock still held at the end of the bounded wait raises WarehouseBusy (a PublishError), never
         WarehouseMissing: a locked warehouse is not "no warehouse yet".
         """
         stop = (stop_after_delay(self.lock_timeout_s) if self.lock_timeout_s is not None
@@ -612,9 +612,8 @@ class DuckDBWarehouse(SqlWarehouse):
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
-            error: type[NightscoreError] = WarehouseBusy if read_only else PublishError
-            raise error(f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): "
-                        f"{_line(exc)}") from exc
+            raise WarehouseBusy(f"warehouse {self.path} is locked by another process (waited "
+                                f"{time.monotonic() - started:.0f} s): {_line(exc)}") from exc
 
     def _read_connection(self, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
         """Return a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import errors as pg_errors
 
-from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseMissing
+from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
 from storage.warehouse import QueryResult, SqlWarehouse
 from storage.warehouse_schema import ddl, kind, object_names, upgrade_ddl
 
@@ -102,7 +102,7 @@ class PostgresWarehouse(SqlWarehouse):
         try:
             conn.execute(LOCK_SQL)
         except pg_errors.LockNotAvailable as exc:
-            raise PublishError(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
+            raise WarehouseBusy(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
 
     def _ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
         """Create the tables, views and indexes in the current schema unless they all exist (or require them)."""
