@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,17 @@ class ExpectationFailure:
 
 
 @dataclass(frozen=True)
+class ExpectationOutcome:
+    """One expectation's result, passed or failed: what the run's contracts artifact lists."""
+
+    expectation: str
+    column: str | None
+    table: str
+    success: bool
+    observed: object
+
+
+@dataclass(frozen=True)
 class DatasetReport:
     """The outcome of validating one dataset: failures, the stats a later run compares against, docs."""
 
@@ -108,6 +119,7 @@ class DatasetReport:
     failures: list[ExpectationFailure]
     statistics: dict[str, float]
     docs_path: str | None
+    outcomes: list[ExpectationOutcome] = field(default_factory=list)
 
 
 def load_suite_file(dataset: str) -> dict[str, Any]:
@@ -272,7 +284,8 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
 
 
 def _validate_table(context: AbstractDataContext, source: PandasDatasource, dataset: str, table: str,
-                    expectations: list[Expectation], data: pd.DataFrame, meta: dict[str, Any]) -> list[ExpectationValidationResult]:
+                    expectations: list[Expectation], data: pd.DataFrame,
+                    meta: dict[str, Any]) -> list[ExpectationValidationResult]:
     import great_expectations as gx
 
     batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
@@ -308,15 +321,25 @@ def validate_dataset(dataset: str, data: pl.DataFrame | DatasetView, previous: d
     context = _context(docs_dir)
     source = context.data_sources.add_pandas(dataset)
     failures: list[ExpectationFailure] = []
+    outcomes: list[ExpectationOutcome] = []
     for table, expectations in suite_expectations(dataset, values).items():
         table_data = _table(table, view, values)
         results = _validate_table(context, source, dataset, table, expectations, table_data, spec["meta"])
         failures += [_failure(result, table) for result in results if not result.success]
+        outcomes += [_outcome(result, table) for result in results]
     docs_path = _build_docs(context, docs_dir)
     logger.info("dataset %s: %d rows, %d failed expectation(s), validated in %.2fs",
                 dataset, view.height, len(failures), time.perf_counter() - started)
     version = str(spec["meta"]["version"])
-    return DatasetReport(dataset, version, not failures, failures, dataset_stats(dataset, view), docs_path)
+    return DatasetReport(dataset, version, not failures, failures, dataset_stats(dataset, view), docs_path, outcomes)
+
+
+def _outcome(result: ExpectationValidationResult, table: str) -> ExpectationOutcome:
+    config = result.expectation_config
+    kwargs = config.kwargs if config is not None else {}
+    column = kwargs.get("column") or ",".join(kwargs.get("column_list") or []) or None
+    return ExpectationOutcome(config.type if config is not None else "unknown", column, table, bool(result.success),
+                              _observed(result.result or {}))
 
 
 def _build_docs(context: AbstractDataContext, docs_dir: str | None) -> str | None:
@@ -376,6 +399,7 @@ def render_failures(report: DatasetReport) -> str:
     """Return one line per failed expectation with its observed value (empty when the dataset passed)."""
     head = f"{report.dataset} (suite v{report.suite_version})"
     return "\n".join(
-        f"{head}: {f.expectation} on {f.column or 'the table'} failed: observed {json.dumps(f.observed, default=str)}; {f.details}"
+        f"{head}: {f.expectation} on {f.column or 'the table'} failed: "
+        f"observed {json.dumps(f.observed, default=str)}; {f.details}"
         for f in report.failures
     )

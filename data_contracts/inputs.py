@@ -2,15 +2,21 @@
 
 Decisions recorded here are the contract:
 - The scored text of an item is ``title + "\\n" + body`` (a null title gives the body alone).
-- Duplicate item_ids: every copy is quarantined (rule ``item_id:field_uniqueness``); no copy wins,
-  because nothing in the file says which one is right.
+- Duplicate item_ids follow ``duplicate_id_policy``. ``quarantine_all`` (the default): every copy is quarantined
+  (rule ``item_id:field_uniqueness``), since nothing in the file says which one is right. ``keep_latest``: the
+  copy with the latest ``created_at`` is kept (a null created_at counts as the oldest; ties: the later row in the
+  file) and the others are quarantined (rule ``item_id:duplicate_not_kept``, the reason naming the kept row).
+- Bytes that are not valid UTF-8 are found where they are decoded (a binary column, or a string column whose
+  data is not UTF-8): the row is quarantined (rule ``text:valid_utf8`` for title and body, ``<column>:valid_utf8``
+  otherwise). A string that holds U+FFFD (the replacement character) as a valid code point is valid.
 - Interactions whose item_id is not among the valid items are quarantined (rule ``item_id:item_exists``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Literal
 
 import pandera.polars as pa
 import polars as pl
@@ -25,7 +31,10 @@ ITEM_COLUMNS: dict[str, pl.DataType] = {"item_id": pl.String(), "title": pl.Stri
 INTERACTION_COLUMNS: dict[str, pl.DataType] = {"user_id": pl.String(), "item_id": pl.String(), "event": pl.String(),
                                                "ts": pl.Datetime("us", "UTC")}
 EVENTS = ["view", "click", "purchase"]
-REPLACEMENT_CHAR = "\ufffd"  # what invalid UTF-8 bytes decode to; a text holding it is quarantined
+INVALID_UTF8 = "__invalid_utf8"  # conform's marker column: the columns of a row whose bytes were not valid UTF-8
+TEXT_COLUMNS = ("title", "body")
+DuplicatePolicy = Literal["quarantine_all", "keep_latest"]
+DUPLICATE_RULES = {"quarantine_all": "item_id:field_uniqueness", "keep_latest": "item_id:duplicate_not_kept"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class InputRules:
 
     not_after: datetime  # timestamps later than this are in the future
     max_text_chars: int = 100_000
+    duplicate_policy: DuplicatePolicy = "quarantine_all"
 
 
 def item_text_expr() -> pl.Expr:
@@ -44,21 +54,37 @@ def item_text_expr() -> pl.Expr:
 
 
 def conform(frame: pl.DataFrame, columns: dict[str, pl.DataType], dataset: str, uri: str) -> pl.DataFrame:
-    """Return frame with the contract's columns cast to their types (extra columns dropped, absent optional ones null)."""
+    """Return frame with the contract's columns cast to their types (extra columns dropped, absent optional ones null).
+
+    Bytes decoded to text are checked there: the INVALID_UTF8 column names, per row, the columns whose bytes were not
+    valid UTF-8 (null for a clean row; kept from an earlier conform of the same rows).
+    """
     out: list[pl.Series] = []
+    invalid: list[pl.Series] = [frame.get_column(INVALID_UTF8)] if INVALID_UTF8 in frame.columns else []
     for name, dtype in columns.items():
         if name not in frame.columns:
             out.append(pl.Series(name, [None] * frame.height, dtype=dtype))
+        elif frame.schema[name] == pl.Binary and dtype == pl.String:
+            text, bad = _decode_utf8(frame.get_column(name))
+            out.append(text)
+            invalid.append(pl.Series(INVALID_UTF8, [name if b else None for b in bad], dtype=pl.String))
         else:
             out.append(_cast(frame.get_column(name), dtype, dataset, uri))
-    return frame.select(out)
+    return frame.select(out).with_columns(_joined(invalid, frame.height))
+
+
+def _joined(marks: list[pl.Series], height: int) -> pl.Series:
+    """Return the INVALID_UTF8 column: each row's marked column names, comma-joined (null when none)."""
+    if not marks:
+        return pl.Series(INVALID_UTF8, [None] * height, dtype=pl.String)
+    joined = pl.DataFrame(marks, schema=[f"m{i}" for i in range(len(marks))]).select(
+        pl.concat_str(pl.all(), separator=",", ignore_nulls=True).alias(INVALID_UTF8))
+    return joined.get_column(INVALID_UTF8).replace("", None)
 
 
 def _cast(series: pl.Series, dtype: pl.DataType, dataset: str, uri: str) -> pl.Series:
     if series.dtype == dtype:
         return series
-    if series.dtype == pl.Binary and dtype == pl.String:
-        return _decode_utf8(series)
     try:
         if isinstance(dtype, pl.Datetime):
             return _to_utc(series)
@@ -69,9 +95,22 @@ def _cast(series: pl.Series, dtype: pl.DataType, dataset: str, uri: str) -> pl.S
         ) from exc
 
 
-def _decode_utf8(series: pl.Series) -> pl.Series:
-    """Return bytes decoded as UTF-8; invalid sequences become U+FFFD, which the valid_utf8 rule quarantines."""
-    return pl.Series(series.name, [None if b is None else b.decode("utf-8", "replace") for b in series], dtype=pl.String)
+def _decode_utf8(series: pl.Series) -> tuple[pl.Series, list[bool]]:
+    """Return bytes decoded as UTF-8 (invalid sequences shown as U+FFFD, for the quarantine's value) and which were invalid."""
+    texts: list[str | None] = []
+    invalid: list[bool] = []
+    for raw in series:
+        if raw is None:
+            texts.append(None)
+            invalid.append(False)
+            continue
+        try:
+            texts.append(raw.decode("utf-8"))
+            invalid.append(False)
+        except UnicodeDecodeError:
+            texts.append(raw.decode("utf-8", "replace"))
+            invalid.append(True)
+    return pl.Series(series.name, texts, dtype=pl.String), invalid
 
 
 def _to_utc(series: pl.Series) -> pl.Series:
@@ -87,15 +126,15 @@ def _to_utc(series: pl.Series) -> pl.Series:
 
 
 def items_schema(rules: InputRules) -> pa.DataFrameSchema:
-    """Return the pandera schema of conformed items (with the derived text column)."""
+    """Return the pandera schema of conformed items (with the derived text column); uniqueness is `duplicate_rows`'."""
     return pa.DataFrameSchema(
         {
-            "item_id": pa.Column(str, nullable=False, unique=True, checks=pa.Check.str_length(min_value=1)),
+            "item_id": pa.Column(str, nullable=False, checks=pa.Check.str_length(min_value=1)),
             "title": pa.Column(str, nullable=True),
             "body": pa.Column(str, nullable=False),
             "created_at": pa.Column(pl.Datetime("us", "UTC"), nullable=True, checks=pa.Check.le(rules.not_after)),
             "text": pa.Column(str, nullable=False, checks=[
-                _not_blank(), _valid_utf8(), pa.Check.str_length(max_value=rules.max_text_chars)]),
+                _not_blank(), pa.Check.str_length(max_value=rules.max_text_chars)]),
         },
         name="items",
     )
@@ -121,42 +160,57 @@ def _not_blank() -> pa.Check:
     )
 
 
-def _valid_utf8() -> pa.Check:
-    return pa.Check(
-        lambda data: data.lazyframe.select(~pl.col(data.key).str.contains(REPLACEMENT_CHAR, literal=True)),
-        name="valid_utf8",
-    )
-
-
 def validate_items(raw: pl.DataFrame, rules: InputRules, uri: str, row_offset: int = 0,
-                   duplicated_ids: pl.Series | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+                   duplicates: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (valid items with a text column, quarantine rows) for a raw items frame.
 
-    A batch of a larger file passes its first row's position (``row_offset``) and the ids duplicated
-    anywhere in the file (`duplicated_ids`): a copy whose twin sits in another batch is quarantined
-    with the same rule (``item_id:field_uniqueness``) as copies pandera finds inside the batch.
+    A batch of a larger file passes its first row's position (``row_offset``) and `duplicate_rows` of the whole
+    file (``duplicates``); without them the frame is taken to be the whole file.
     """
     require_columns(raw, REQUIRED_COLUMNS["items"], "items", uri)
     if raw.height == 0 and row_offset == 0:
         raise InputUnreadable(f"items file {uri}: no rows")
     frame = conform(raw, ITEM_COLUMNS, "items", uri).with_columns(item_text_expr()).with_row_index(ROW, offset=row_offset)
-    failures = failing_rows(frame.drop(ROW), items_schema(rules), "items", uri).with_columns(pl.col(ROW) + row_offset)
-    if duplicated_ids is not None:
-        failures = pl.concat([failures, _duplicates_elsewhere(frame, duplicated_ids)])
+    if duplicates is None:
+        duplicates = duplicate_rows(frame.select("item_id", "created_at"), rules.duplicate_policy, row_offset)
+    failures = pl.concat([
+        failing_rows(frame.drop(ROW, INVALID_UTF8), items_schema(rules), "items", uri).with_columns(pl.col(ROW) + row_offset),
+        invalid_utf8_failures(frame), duplicates.join(frame.select(ROW), on=ROW, how="semi")], how="diagonal_relaxed")
     valid, quarantine = split_by_failures(frame, failures, "items", pl.col("item_id"))
-    return valid.drop(ROW), quarantine
+    return valid.drop(ROW, INVALID_UTF8), quarantine
 
 
-def duplicated_item_ids(item_ids: pl.Series) -> pl.Series:
-    """Return the item_ids that occur more than once (the global pass of the uniqueness rule, on ids only)."""
-    return item_ids.filter(item_ids.is_duplicated()).unique()
+def duplicate_rows(ids: pl.DataFrame, policy: DuplicatePolicy, row_offset: int = 0) -> pl.DataFrame:
+    """Return the rows the duplicate-id policy quarantines: (row, rule, value, reason), from (item_id, created_at) in file order.
+
+    quarantine_all: every copy of a repeated id. keep_latest: every copy but the one with the latest created_at
+    (null counts as the oldest; ties: the later row), the reason naming the row kept.
+    """
+    rows = ids.with_row_index(ROW, offset=row_offset).filter(pl.col("item_id").is_not_null() & pl.col("item_id").is_duplicated())
+    rule = DUPLICATE_RULES[policy]
+    if policy == "quarantine_all":
+        return rows.select(pl.col(ROW), pl.lit(rule).alias("rule"), pl.col("item_id").alias("value"),
+                           pl.lit(None, dtype=pl.String).alias("reason"))
+    ranked = rows.sort(["item_id", pl.col("created_at").fill_null(datetime.min.replace(tzinfo=UTC)), ROW])
+    kept = ranked.group_by("item_id", maintain_order=True).last().select("item_id", pl.col(ROW).alias("kept_row"),
+                                                                        pl.col("created_at").alias("kept_created_at"))
+    dropped = rows.join(kept, on="item_id").filter(pl.col(ROW) != pl.col("kept_row"))
+    reason = pl.format("duplicate item_id {}: kept row {} (latest created_at {}; policy keep_latest)", pl.col("item_id"),
+                       pl.col("kept_row"), pl.col("kept_created_at").dt.to_string().fill_null("null"))
+    return dropped.select(pl.col(ROW), pl.lit(rule).alias("rule"), pl.col("item_id").alias("value"), reason.alias("reason"))
 
 
-def _duplicates_elsewhere(frame: pl.DataFrame, duplicated_ids: pl.Series) -> pl.DataFrame:
-    """Return uniqueness failures of rows whose id is duplicated in the file but occurs once in this batch."""
-    once = pl.col("item_id").is_not_null() & ~pl.col("item_id").is_duplicated()
-    rows = frame.filter(once & pl.col("item_id").is_in(duplicated_ids.implode()))
-    return rows.select(pl.col(ROW), pl.lit("item_id:field_uniqueness").alias("rule"), pl.col("item_id").alias("value"))
+def invalid_utf8_failures(frame: pl.DataFrame) -> pl.DataFrame:
+    """Return (row, rule, value) of the rows conform found invalid UTF-8 in (the title and body as rule text:valid_utf8)."""
+    marked = frame.filter(pl.col(INVALID_UTF8).is_not_null())
+    if marked.height == 0:
+        return pl.DataFrame(schema={ROW: pl.UInt32, "rule": pl.String, "value": pl.String})
+    rows = []
+    for row, names in marked.select(ROW, INVALID_UTF8).iter_rows():
+        for name in dict.fromkeys("text" if n in TEXT_COLUMNS else n for n in names.split(",")):
+            column = "text" if name == "text" else name
+            rows.append((row, f"{name}:valid_utf8", marked.filter(pl.col(ROW) == row).get_column(column).item()))
+    return pl.DataFrame(rows, schema={ROW: pl.UInt32, "rule": pl.String, "value": pl.String}, orient="row")
 
 
 def validate_interactions(
@@ -168,10 +222,11 @@ def validate_interactions(
     """
     require_columns(raw, REQUIRED_COLUMNS["interactions"], "interactions", uri)
     frame = conform(raw, INTERACTION_COLUMNS, "interactions", uri).with_row_index(ROW, offset=row_offset)
-    failures = failing_rows(frame.drop(ROW), interactions_schema(rules), "interactions", uri).with_columns(pl.col(ROW) + row_offset)
+    failures = failing_rows(frame.drop(ROW, INVALID_UTF8), interactions_schema(rules), "interactions", uri).with_columns(
+        pl.col(ROW) + row_offset)
     unknown = frame.filter(pl.col("item_id").is_not_null() & ~pl.col("item_id").is_in(valid_item_ids.implode()))
-    failures = pl.concat([failures, unknown.select(
+    failures = pl.concat([failures, invalid_utf8_failures(frame), unknown.select(
         pl.col(ROW), pl.lit("item_id:item_exists").alias("rule"), pl.col("item_id").alias("value"))])
     key = pl.concat_str([pl.col("user_id"), pl.col("item_id"), pl.col("ts").dt.to_string()], separator="|")
     valid, quarantine = split_by_failures(frame, failures, "interactions", key)
-    return valid.drop(ROW), quarantine
+    return valid.drop(ROW, INVALID_UTF8), quarantine

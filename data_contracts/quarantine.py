@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import polars as pl
 import pandera.polars as pa
+import polars as pl
 from pandera.errors import SchemaError, SchemaErrors
 
 from nightscore.errors import InputUnreadable
@@ -55,12 +55,15 @@ def split_by_failures(
     bad = failures.get_column(ROW).unique()
     valid = frame.filter(~pl.col(ROW).is_in(bad.implode()))
     keys = frame.select(pl.col(ROW), key.alias("row_key"))
+    if "reason" not in failures.columns:  # a rule may say why in its own words; the others get the standard reason
+        failures = failures.with_columns(pl.lit(None, dtype=pl.String).alias("reason"))
+    standard = pl.format("{} failed for value {}", pl.col("rule"), pl.col("value").str.slice(0, 80).fill_null("null"))
     quarantine = failures.join(keys, on=ROW, how="left").select(
         pl.lit(dataset).alias("dataset"),
         pl.coalesce(pl.col("row_key"), pl.format("#{}", pl.col(ROW))).alias("row_key"),
         pl.col("rule"),
         pl.col("value").str.slice(0, 200).fill_null("null"),
-        pl.format("{} failed for value {}", pl.col("rule"), pl.col("value").str.slice(0, 80).fill_null("null")).alias("reason"),
+        pl.coalesce(pl.col("reason"), standard).alias("reason"),
     )
     return valid, quarantine.cast(QUARANTINE_SCHEMA)
 

@@ -1,19 +1,33 @@
 """Register nightscore with a Prefect server: process work pool with two queues, the gpu limit, four deployments.
 
 Run as `python -m deployments.deploy` (PREFECT_API_URL set), or through `nightscore up`. Idempotent.
+
+The work pool runs at most ``work_pool_concurrency`` flow runs at once; more wait in their queue (Scheduled,
+then Late in the UI) and start in queue priority order. Each deployment's parameter schema is made strict
+after it is registered (`strict_parameter_schema`): the server then refuses unknown or unwrapped parameters
+(HTTP 409) besides what the models' own schema states.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
+from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate, WorkPoolCreate
+from prefect.client.schemas.actions import (
+    DeploymentUpdate,
+    GlobalConcurrencyLimitCreate,
+    GlobalConcurrencyLimitUpdate,
+    WorkPoolCreate,
+    WorkPoolUpdate,
+)
 from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
+from prefect.utilities.callables import parameter_schema
 
 from deployments.definitions import QUEUE_PRIORITIES, DeploymentSpec, deployment_specs
 from nightscore.settings import Settings, load_settings
@@ -21,13 +35,15 @@ from nightscore.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 
-def ensure_work_pool(pool: str) -> None:
-    """Create the process work pool and its queues (on-demand before scheduled) if they are missing."""
+def ensure_work_pool(pool: str, concurrency: int | None = None) -> None:
+    """Create the process work pool and its queues (on-demand before scheduled) if missing; set its concurrency limit."""
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process", description="nightscore runs"))
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process", description="nightscore runs",
+                                                   concurrency_limit=concurrency))
         except ObjectAlreadyExists:
-            pass
+            # None is "leave unchanged" to the API; clearing a limit is `prefect work-pool clear-concurrency-limit`
+            client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=concurrency))
         existing = {q.name: q for q in client.read_work_queues(work_pool_name=pool)}
         for queue, priority in QUEUE_PRIORITIES.items():
             if queue not in existing:
@@ -48,8 +64,21 @@ def ensure_gpu_limit(name: str | None, slots: int) -> None:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots, active=True))
 
 
+def strict_parameter_schema(schema: dict[str, Any], allow_private_callbacks: bool) -> dict[str, Any]:
+    """Return a deployment's parameter schema that refuses parameters the flow does not take (unwrapped ones too).
+
+    With allow_private_callbacks, callback_url may name internal addresses (the models' schema refuses them).
+    """
+    strict = copy.deepcopy(schema)
+    strict["additionalProperties"] = False
+    if allow_private_callbacks:
+        for definition in strict.get("definitions", {}).values():
+            definition.get("properties", {}).get("callback_url", {}).pop("not", None)
+    return strict
+
+
 def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
-    """Register one deployment (schedule, queue, enforced parameter schema) and return its id."""
+    """Register one deployment (schedule, queue, enforced strict parameter schema) and return its id."""
     module, _, attr = spec.entrypoint.rpartition(".")
     flow = getattr(importlib.import_module(module), attr)
     schedules = [Cron(spec.cron, timezone=settings.schedule_timezone)] if spec.cron else []
@@ -58,12 +87,17 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
         work_pool_name=settings.work_pool, work_queue_name=spec.queue, enforce_parameter_schema=True,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    return deployment.apply(work_pool_name=settings.work_pool)
+    deployment_id = deployment.apply(work_pool_name=settings.work_pool)
+    # Prefect's own schema model drops additionalProperties; the server keeps the whole JSON schema it is given.
+    schema = strict_parameter_schema(parameter_schema(flow).model_dump_for_openapi(), settings.callback_allow_private)
+    with get_client(sync_client=True) as client:
+        client.update_deployment(deployment_id, DeploymentUpdate(parameter_openapi_schema=schema))
+    return deployment_id
 
 
 def deploy_all(settings: Settings) -> dict[str, UUID]:
-    """Create the pool, queues and gpu limit, then register every deployment; return their ids by name."""
-    ensure_work_pool(settings.work_pool)
+    """Create the pool (with its concurrency limit), queues and gpu limit, then every deployment; return their ids."""
+    ensure_work_pool(settings.work_pool, settings.work_pool_concurrency)
     ensure_gpu_limit(settings.gpu_limit, settings.gpu_slots)
     ids = {spec.name: apply_deployment(spec, settings) for spec in deployment_specs(settings)}
     log.info("deployed %s to work pool %s", ", ".join(ids), settings.work_pool)

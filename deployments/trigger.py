@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -13,40 +12,77 @@ from pydantic import BaseModel
 
 from deployments.definitions import deployment_ref
 from nightscore.errors import RunFailed, UsageError
+from storage.lake import Lake
 from storage.warehouse import Warehouse
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def default_idempotency_key(deployment: str, params: BaseModel, today: datetime | None = None) -> str:
-    """Return a key made of the deployment, the parameters and the UTC date: the same request retried today is one run."""
-    day = (today or datetime.now(timezone.utc)).date().isoformat()
-    body = json.dumps(params.model_dump(mode="json", exclude_none=True), sort_keys=True)
-    return hashlib.sha256(f"{deployment}|{body}|{day}".encode()).hexdigest()[:32]
+def inputs_identity(lake: Lake, uris: list[str | None], latest_run: str | None) -> dict[str, Any]:
+    """Return what the request's inputs are now: each given file's size and ETag/mtime (via the lake adapter), or,
+    when the run takes the latest published run's inputs, that run's id."""
+    given = [uri for uri in uris if uri]
+    if not given:
+        return {"latest_published_run": latest_run}
+    return {uri: lake.identity(uri) or "not visible from here" for uri in given}
+
+
+def default_idempotency_key(deployment: str, params: BaseModel, inputs: dict[str, Any]) -> str:
+    """Return a key made of the deployment, the parameters and the inputs' identity: the same request on the same
+    files is one run (a retry), while new files under the same names or a new publication make a new run."""
+    body = json.dumps({"params": params.model_dump(mode="json", exclude_none=True), "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(f"{deployment}|{body}".encode()).hexdigest()[:32]
+
+
+def existing_run(deployment: str, idempotency_key: str) -> dict[str, Any] | None:
+    """Return the flow run of the deployment already made with this key (id, state, created), or None."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterIdempotencyKey,
+    )
+
+    with get_client(sync_client=True) as client:
+        same_key = FlowRunFilter(idempotency_key=FlowRunFilterIdempotencyKey(any_=[idempotency_key]))
+        runs = client.read_flow_runs(flow_run_filter=same_key, limit=1,
+                                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])))
+    if not runs:
+        return None
+    return {"flow_run_id": str(runs[0].id), "state": runs[0].state_name, "created": runs[0].created}
 
 
 def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[str, Any]:
     """Create a flow run of the deployment (or return the one made with the same key); return its id, name and state."""
     from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
 
-    flow_run = run_deployment(deployment_ref(deployment), parameters={"params": params.model_dump(mode="json")},
-                              idempotency_key=idempotency_key, timeout=0)
+    try:
+        flow_run = run_deployment(deployment_ref(deployment), parameters={"params": params.model_dump(mode="json")},
+                                  idempotency_key=idempotency_key, timeout=0)
+    except ObjectNotFound as exc:
+        raise UsageError(f"no deployment {deployment_ref(deployment)} on this Prefect server: run `nightscore deploy`") from exc
     assert isinstance(flow_run, FlowRun)  # a sync call returns the run, never a coroutine
-    return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": flow_run.state_type.value if flow_run.state_type else None,
-            "idempotency_key": idempotency_key}
+    state = flow_run.state_type.value if flow_run.state_type else None
+    return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": state, "idempotency_key": idempotency_key}
 
 
 def flow_run_state(flow_run_id: str) -> dict[str, Any]:
     """Return a flow run's state type, state name, message and timestamps from the API."""
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     try:
         run_uuid = UUID(flow_run_id)
     except ValueError as exc:
         raise UsageError(f"{flow_run_id!r} is not a flow run id (a UUID)") from exc
     with get_client(sync_client=True) as client:
-        flow_run = client.read_flow_run(run_uuid)
+        try:
+            flow_run = client.read_flow_run(run_uuid)
+        except ObjectNotFound as exc:
+            raise UsageError(f"no flow run {flow_run_id} on this Prefect server") from exc
     state = flow_run.state
     return {"flow_run_id": flow_run_id, "name": flow_run.name, "state": state.type.value if state else None,
             "state_name": state.name if state else None, "message": state.message if state else None,

@@ -8,19 +8,30 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any
 
 import click
 import pydantic
 import typer
 
 from nightscore.errors import (
-    EXIT_USAGE, ContractViolation, NightscoreError, RunInterrupted, UsageError, WarehouseMissing, exit_code_for,
+    EXIT_USAGE,
+    ContractViolation,
+    NightscoreError,
+    RunInterrupted,
+    StackError,
+    UsageError,
+    WarehouseMissing,
+    exit_code_for,
     is_expected,
 )
 from nightscore.settings import Settings, apply_runtime_defaults, load_settings
+
+if TYPE_CHECKING:
+    from flows.params import OnDemandParams
+    from tasks.results import Published
 
 log = logging.getLogger("nightscore")
 
@@ -47,7 +58,7 @@ def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at
 run_app = typer.Typer(no_args_is_help=True, help="Run a scoring flow.")
 app.add_typer(run_app, name="run")
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     """Output formats of `nightscore query`."""
 
     table = "table"
@@ -58,7 +69,7 @@ class OutputFormat(str, Enum):
 HomeOption = typer.Option(None, "--home", help="Folder of the embedded defaults (NIGHTSCORE_HOME, default ./.nightscore).")
 
 
-def _settings(home: Optional[Path], command: str = "command") -> Settings:
+def _settings(home: Path | None, command: str = "command") -> Settings:
     """Return settings with --home applied (handed to flows with settings_scope, never through the environment).
 
     Also sets the libraries' process switches and the logging: the console gets one line per failure, the
@@ -77,7 +88,7 @@ def _settings(home: Optional[Path], command: str = "command") -> Settings:
 def demo_data(
     out: Path = typer.Option(..., "--out", help="Folder to write items.parquet and interactions.parquet to."),
     items: int = typer.Option(2000, "--items", min=1), users: int = typer.Option(500, "--users", min=1),
-    seed: int = typer.Option(0, "--seed"), home: Optional[Path] = HomeOption,
+    seed: int = typer.Option(0, "--seed"), home: Path | None = HomeOption,
 ) -> None:
     """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
     _settings(home, "demo-data")
@@ -93,16 +104,17 @@ def demo_data(
 
 @run_app.command("nightly")
 def run_nightly(
-    items: Optional[str] = typer.Option(None, "--items", help="Items Parquet URI (default: demo data in the lake)."),
-    interactions: Optional[str] = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
-    run_date: Optional[str] = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
-    resume: Optional[str] = typer.Option(
+    items: str | None = typer.Option(None, "--items", help="Items Parquet URI (default: demo data in the lake)."),
+    interactions: str | None = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
+    run_date: str | None = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
+    resume: str | None = typer.Option(
         None, "--resume", help="RUN_ID of an unfinished run to resume. Default: the unfinished run of the same date and inputs."),
-    home: Optional[Path] = HomeOption,
+    home: Path | None = HomeOption,
 ) -> None:
     """Run the nightly scoring flow once, now, and print its summary (SIGTERM stops it gracefully)."""
-    from nightscore.run_context import parse_run_date
     from datetime import date
+
+    from nightscore.run_context import parse_run_date
 
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
     cfg = _settings(home, "run-nightly")
@@ -116,7 +128,24 @@ def run_nightly(
     params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
     with _interruptible(), settings_scope(cfg), progress_bar():
         published = nightly(params)
-    typer.echo(summary_text(published, time.monotonic() - INVOCATION.started))
+    typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **_run_notes(cfg, published)))
+
+
+def _run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
+    """Return what the summary adds from the warehouse: quarantine per rule, and the latest run when this one is not it."""
+    from nightscore.errors import NightscoreError
+    from storage.resources import warehouse_for
+
+    warehouse = warehouse_for(cfg)
+    try:
+        rules = warehouse.query("SELECT dataset, rule, count(*), min(row_key) FROM quarantine WHERE run_id = ? "
+                                "GROUP BY dataset, rule ORDER BY 3 DESC, 1, 2", [published.run_id]).rows
+        latest = warehouse.latest_published()
+    except NightscoreError as exc:  # the run is published; a busy warehouse only shortens its summary
+        log.warning("summary without the warehouse's notes: %s", exc)
+        return {}
+    return {"quarantine": [tuple(row) for row in rules], "latest_run": latest.run_id if latest else None,
+            "max_tokens": cfg.max_seq_length}
 
 
 @contextmanager
@@ -127,15 +156,18 @@ def _interruptible() -> Iterator[None]:
     try:
         yield
     except TerminationSignal as exc:
-        raise RunInterrupted(
-            "run interrupted by SIGTERM: finished shards are kept; run the same command again (or --resume RUN_ID) to finish it"
-        ) from exc
+        from tasks.start import last_started
+
+        run_id = last_started()
+        how = f"run the same command again (or --resume {run_id})" if run_id else "run the same command again"
+        raise RunInterrupted(f"run {run_id or '(not started yet)'} interrupted by SIGTERM: finished shards are kept; "
+                             f"{how} to finish it") from exc
 
 
 @run_app.command("train-ranker")
 def run_train_ranker(
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Published run to train on (default: the latest)."),
-    home: Optional[Path] = HomeOption,
+    run_id: str | None = typer.Option(None, "--run-id", help="Published run to train on (default: the latest)."),
+    home: Path | None = HomeOption,
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
     cfg = _settings(home, "run-train-ranker")
@@ -152,7 +184,7 @@ def run_train_ranker(
 @app.command("serve")
 def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535), host: str = typer.Option("127.0.0.1", "--host"),
-    home: Optional[Path] = HomeOption,
+    home: Path | None = HomeOption,
 ) -> None:
     """Serve GET /v1/users/{user_id}/recommendations from the cache with the lake's current ranker."""
     cfg = _settings(home, "serve")
@@ -166,18 +198,18 @@ def serve(
 def query(
     sql: str = typer.Argument(..., help="Read-only SQL over the warehouse tables and views."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table, csv or json (an array of row objects)."),
-    home: Optional[Path] = HomeOption,
+    home: Path | None = HomeOption,
 ) -> None:
-    """Run read-only SQL on the warehouse and print the result."""
+    """Run one read-only SELECT on the warehouse's tables and views (sandboxed) and print the result."""
     cfg = _settings(home, "query")
     from nightscore.output import render
-    from storage.resources import warehouse_for
+    from storage.resources import query_warehouse_for
 
-    typer.echo(render(warehouse_for(cfg).query(sql), fmt.value))
+    typer.echo(render(query_warehouse_for(cfg).analyst_query(sql), fmt.value))
 
 
 @app.command("runs")
-def runs(limit: int = typer.Option(20, "--limit", min=1), home: Optional[Path] = HomeOption) -> None:
+def runs(limit: int = typer.Option(20, "--limit", min=1), home: Path | None = HomeOption) -> None:
     """List recent runs with their status and counts."""
     cfg = _settings(home, "runs")
     from nightscore.output import render
@@ -196,7 +228,7 @@ app.add_typer(contracts_app, name="contracts")
 def contracts_check(
     items: str = typer.Option(..., "--items", help="Items Parquet URI."),
     interactions: str = typer.Option(..., "--interactions", help="Interactions Parquet URI."),
-    home: Optional[Path] = HomeOption,
+    home: Path | None = HomeOption,
 ) -> None:
     """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
     cfg = _settings(home, "contracts-check")
@@ -214,7 +246,7 @@ app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("rollback")
-def cache_rollback(home: Optional[Path] = HomeOption) -> None:
+def cache_rollback(home: Path | None = HomeOption) -> None:
     """Point the cache and the warehouse's latest_* views back to the previous published run, together."""
     cfg = _settings(home, "cache-rollback")
     from storage.publication import rollback
@@ -227,20 +259,22 @@ def cache_rollback(home: Optional[Path] = HomeOption) -> None:
 
 @app.command("prune")
 def prune(
-    keep_runs: Optional[int] = typer.Option(None, "--keep-runs", min=1, help="Keep the rows of the newest N published runs."),
-    keep_days: Optional[int] = typer.Option(None, "--keep-days", min=0, help="Keep the rows of runs dated within N days."),
-    home: Optional[Path] = HomeOption,
+    keep_runs: int | None = typer.Option(None, "--keep-runs", min=1, help="Keep the rows of the newest N published runs."),
+    keep_days: int | None = typer.Option(None, "--keep-days", min=0, help="Keep the rows of runs dated within N days."),
+    home: Path | None = HomeOption,
 ) -> None:
-    """Delete the rows of old runs from the warehouse (never the latest published run)."""
+    """Delete old runs' rows from the warehouse and their folders from the lake (never the latest published run)."""
     cfg = _settings(home, "prune")
-    from storage.resources import warehouse_for
+    from storage.pruning import prune as prune_all
+    from storage.resources import lake_for, warehouse_for
 
-    typer.echo(f"pruned {warehouse_for(cfg).prune(keep_runs, keep_days)} run(s)")
+    report = prune_all(warehouse_for(cfg), lake_for(cfg), keep_runs, keep_days)
+    typer.echo(f"pruned {report.runs} run(s); removed {report.folders} lake folder(s), {report.bytes_freed / 1e6:.1f} MB")
 
 
 @app.command("up")
 def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect server listens on."),
-       home: Optional[Path] = HomeOption) -> None:
+       home: Path | None = HomeOption) -> None:
     """Start a Prefect server (port NIGHTSCORE_PREFECT_PORT, default 4200), the deployments and a worker; print the UI URL."""
     cfg = _settings(home, "up")
     from deployments.stack import up as start
@@ -252,7 +286,7 @@ def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect
 
 
 @app.command("down")
-def down(home: Optional[Path] = HomeOption) -> None:
+def down(home: Path | None = HomeOption) -> None:
     """Stop the worker and the Prefect server that `nightscore up` started."""
     cfg = _settings(home, "down")
     from deployments.stack import down as stop
@@ -262,7 +296,7 @@ def down(home: Optional[Path] = HomeOption) -> None:
 
 
 @app.command("deploy")
-def deploy(home: Optional[Path] = HomeOption) -> None:
+def deploy(home: Path | None = HomeOption) -> None:
     """Register the work pool, queues, gpu limit and deployments with the server at PREFECT_API_URL."""
     cfg = _settings(home, "deploy")
     from deployments.deploy import deploy_all
@@ -277,11 +311,14 @@ def _prefect_api(cfg: Settings) -> Iterator[str]:
     """Talk to the Prefect API of PREFECT_API_URL, else the one `nightscore up` started, inside the block."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from deployments.stack import read_state
+    from deployments.stack import healthy, read_state
 
     url = get_current_settings().api.url or (read_state(cfg) or {}).get("api_url")
     if not url:
         raise UsageError("no Prefect server: run `nightscore up` or set PREFECT_API_URL")
+    secret = get_current_settings().api.auth_string
+    if not healthy(url, secret.get_secret_value() if secret is not None else None):
+        raise StackError(f"the Prefect API at {url} does not answer (is the server up? `nightscore up`, PREFECT_API_URL)")
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
 
@@ -292,35 +329,60 @@ app.add_typer(trigger_app, name="trigger")
 
 @trigger_app.command("on-demand")
 def trigger_on_demand(
-    items: Optional[str] = typer.Option(None, "--items", help="Items Parquet URI (default: the latest published run's)."),
-    interactions: Optional[str] = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
-    item_ids: Optional[list[str]] = typer.Option(None, "--item-id", help="Score only this item id (repeatable)."),
-    run_date: Optional[str] = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
-    callback_url: Optional[str] = typer.Option(None, "--callback-url", help="URL the run POSTs its result to."),
-    key: Optional[str] = typer.Option(None, "--idempotency-key", help="Same key = same run (default: parameters + today's date)."),
+    items: str | None = typer.Option(None, "--items", help="Items Parquet URI (default: the latest published run's)."),
+    interactions: str | None = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
+    item_ids: list[str] | None = typer.Option(None, "--item-id", help="Score only this item id (repeatable)."),
+    run_date: str | None = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
+    callback_url: str | None = typer.Option(None, "--callback-url", help="URL the run POSTs its result to."),
+    key: str | None = typer.Option(None, "--idempotency-key", help="Same key = same run (default: parameters + today's date)."),
     wait: bool = typer.Option(False, "--wait", help="Wait for the run to finish; exit 1 unless it completed."),
     timeout: float = typer.Option(3600, "--timeout", help="Seconds --wait waits."),
-    home: Optional[Path] = HomeOption,
+    home: Path | None = HomeOption,
 ) -> None:
     """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
     cfg = _settings(home, "trigger")
-    from deployments.trigger import default_idempotency_key, trigger, wait_for_run
+    from deployments.trigger import existing_run, trigger, wait_for_run
     from flows.params import OnDemandParams
+    from nightscore.settings import settings_scope
 
-    params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
-                            run_date=run_date, callback_url=callback_url)
+    with settings_scope(cfg):  # the models check callback_url against these settings
+        params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
+                                run_date=run_date, callback_url=callback_url)
     with _prefect_api(cfg):
-        created = trigger("on-demand", params, key or default_idempotency_key("on-demand", params))
+        key = key or _request_key(cfg, params)
+        existing = existing_run("on-demand", key)
+        created = trigger("on-demand", params, key)
         typer.echo(created["flow_run_id"])
+        if existing is not None:
+            typer.echo(f"nightscore: returned the existing flow run {existing['flow_run_id']} ({existing['state']}, created "
+                       f"{existing['created']:%Y-%m-%d %H:%M:%S %Z}) for the same request and inputs; give "
+                       "--idempotency-key to start another", err=True)
         log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
         if wait:
             state = wait_for_run(created["flow_run_id"], timeout)
             typer.echo(f"{state['state_name']}")
 
 
+def _request_key(cfg: Settings, params: OnDemandParams) -> str:
+    """Return the default idempotency key: the parameters and the inputs' identity (size, ETag/mtime, via the lake)."""
+    from deployments.trigger import default_idempotency_key, inputs_identity
+    from nightscore.errors import NightscoreError
+    from storage.resources import lake_for, warehouse_for
+
+    latest = None
+    if not (params.items_uri or params.interactions_uri):
+        try:
+            found = warehouse_for(cfg).latest_published()
+            latest = found.run_id if found else None
+        except NightscoreError as exc:  # a warehouse this machine cannot see: the key covers the parameters only
+            log.info("idempotency key without the latest run: %s", exc)
+    inputs = inputs_identity(lake_for(cfg), [params.items_uri, params.interactions_uri], latest)
+    return default_idempotency_key("on-demand", params, inputs)
+
+
 @app.command("status")
 def status(flow_run_id: str = typer.Argument(..., help="Flow run id printed by `nightscore trigger`."),
-           home: Optional[Path] = HomeOption) -> None:
+           home: Path | None = HomeOption) -> None:
     """Print a flow run's state (from the Prefect API) and its counts (from the warehouse)."""
     cfg = _settings(home, "status")
     from deployments.trigger import flow_run_state, run_counts
@@ -354,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(UsageError(f"invalid parameters: {problems}"))
     except click.Abort:
         return _fail(KeyboardInterrupt())
-    except BaseException as exc:  # noqa: BLE001 - the one place every failure becomes one line and an exit code
+    except BaseException as exc:
         if isinstance(exc, SystemExit):
             raise
         return _fail(exc)

@@ -22,6 +22,13 @@ class InputUnreadable(ContractViolation):
     """An input file is missing, corrupt, empty or lacks required columns (exit 3)."""
 
 
+class LakeUnavailable(NightscoreError, ConnectionError):
+    """The lake's storage could not be reached (connection reset, refused, timeout) after retries (exit 1).
+
+    A ConnectionError too, so the retry rule of I/O tasks (tasks/retries.py) treats it as transient.
+    """
+
+
 class ModelLoadError(NightscoreError):
     """The encoder's or the ranker's files could not be found or loaded (exit 1)."""
 
@@ -32,6 +39,22 @@ class PublishError(NightscoreError):
 
 class WarehouseMissing(UsageError):
     """No warehouse exists yet at the configured location: nothing has run there (exit 2)."""
+
+
+class WarehouseBusy(PublishError):
+    """Another process held the warehouse's lock for longer than the bounded wait (exit 1): try again later.
+
+    Reads and writes alike (a write that meets it publishes nothing, hence a PublishError too); never
+    WarehouseMissing, so a locked warehouse is not taken for "no warehouse yet".
+    """
+
+
+class RunBusy(NightscoreError):
+    """Another live attempt holds the run date's lease beyond the bounded wait (exit 1); the message names it."""
+
+
+class QueryRefused(UsageError):
+    """An analyst's SQL is not one read-only statement over the warehouse's tables and views, or it failed (exit 2)."""
 
 
 class CacheUnavailable(NightscoreError):

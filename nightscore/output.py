@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -61,18 +62,29 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def summary_text(published: Published, elapsed_s: float | None = None) -> str:
-    """Return the short summary of a finished run: rows, quarantine, tokens, padding, speed, stages.
+QuarantineRule = tuple[str, str, int, str]  # dataset, rule, rows, an example row key
 
-    elapsed_s: the command's own time, Prefect's start-up included, when the caller measured it.
+
+def summary_text(published: Published, elapsed_s: float | None = None, quarantine: list[QuarantineRule] | None = None,
+                 latest_run: str | None = None, max_tokens: int | None = None) -> str:
+    """Return the short summary of a finished run: rows, quarantine per rule, truncation, tokens, padding, speed, stages.
+
+    Args:
+        published: the run's publication.
+        elapsed_s: the command's own time, Prefect's start-up included, when the caller measured it (the headline).
+        quarantine: (dataset, rule, rows, example key) of the run's quarantine, most rows first.
+        latest_run: the warehouse's latest run now; a different one means this run_date is older (not served).
+        max_tokens: the encoder's maximum length, named in the truncation warning.
     """
     r = published.record
-    took = f"{r.wall_seconds:.1f}s" + (f" ({elapsed_s:.1f}s with Prefect's start-up)" if elapsed_s is not None else "")
     lines = [
-        f"run {r.run_id} ({r.run_date}) {r.status} in {took}" + (f" on {r.device}" if r.rows_computed else ""),
+        f"run {r.run_id} ({r.run_date}) {r.status} in {_took(r.wall_seconds, elapsed_s)}"
+        + (f" on {r.device}" if r.rows_computed else ""),
         f"  items: {r.rows_in} in, {r.rows_scored} scored, {r.rows_quarantined} quarantined",
         f"  interactions: {r.interactions_in} in, {r.interactions_quarantined} quarantined;"
         f" users with candidates: {r.users_with_candidates}",
+        *quarantine_lines(quarantine or []),
+        *truncation_warning(r.truncated_texts, r.rows_computed, max_tokens),
         _encode_line(published),
         f"  model {r.model_version}",
         f"  retrieval on held-out interactions: recall@K {_num(r.recall_at_k)} (popularity"
@@ -81,7 +93,30 @@ def summary_text(published: Published, elapsed_s: float | None = None) -> str:
     ]
     if published.data_docs:
         lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in published.data_docs.items()))
+    if latest_run is not None and latest_run != r.run_id:
+        lines.append(f"  note: {r.run_date} is older than the latest run {latest_run}: its rows are queryable by run_date; "
+                     "latest_* and the serving cache stay on the latest run")
     return "\n".join(lines)
+
+
+def _took(wall_s: float, elapsed_s: float | None) -> str:
+    """Return the duration the headline gives: the command's, Prefect's start-up included, with the run's own beside it."""
+    if elapsed_s is None or elapsed_s < wall_s:
+        return f"{wall_s:.1f}s"
+    return f"{elapsed_s:.1f}s (the run {wall_s:.1f}s, Prefect start-up and the rest {elapsed_s - wall_s:.1f}s)"
+
+
+def quarantine_lines(rules: list[QuarantineRule]) -> list[str]:
+    """Return one line per quarantine rule: dataset, rule, rows and an example row key (empty when nothing was quarantined)."""
+    return [f"  quarantined {dataset} {rule}: {rows} (e.g. {example})" for dataset, rule, rows, example in rules]
+
+
+def truncation_warning(truncated: int, encoded: int, max_tokens: int | None) -> list[str]:
+    """Return the warning line about texts cut at the encoder's maximum length (empty when none was)."""
+    if not truncated or not encoded:
+        return []
+    limit = f"{max_tokens} tokens" if max_tokens else "the model's maximum length"
+    return [f"  warning: {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at {limit}"]
 
 
 def _encode_line(published: Published) -> str:

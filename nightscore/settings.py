@@ -63,7 +63,8 @@ class Settings(BaseSettings):
 
     # --- cache versions ------------------------------------------------------------------------
     cache_version_grace_s: float = Field(
-        86_400, ge=0, description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
+        86_400, ge=0,
+        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
     )
 
     # --- encoder ---------------------------------------------------------------------------
@@ -72,7 +73,8 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
-        "auto", description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
+        "auto",
+        description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
@@ -134,8 +136,43 @@ class Settings(BaseSettings):
     work_pool: str = Field("nightscore", description="Process work pool of the deployments (queues on-demand and scheduled).")
     gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
     gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
-    hourly_price_usd: float = Field(2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
+    hourly_price_usd: float = Field(
+        2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
     prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
+
+    # --- safety and operations (issue 18) ---
+    query_warehouse_url: str | None = Field(
+        None, description="Warehouse URL `nightscore query` connects with; on PostgreSQL a read-only, non-superuser role "
+        "(README, 'Analysts on PostgreSQL'). Default: warehouse_url.")
+    warehouse_lock_timeout_s: float = Field(
+        60.0, ge=0, description="How long a warehouse operation waits for another process's lock before it fails "
+        "(a locked warehouse is never taken for 'no warehouse yet').")
+    run_lease_ttl_s: float = Field(
+        120.0, gt=0, description="A run holds a lease on its run date, renewed every third of this many seconds; a lease "
+        "not renewed for this long has expired (its holder died) and the run may be resumed.")
+    run_lease_wait_s: float = Field(
+        300.0, ge=0, description="How long a second attempt for a run date waits for the live attempt's lease before it "
+        "fails naming the holder.")
+    callback_allow_private: bool = Field(
+        False, description="Let callback_url name loopback, link-local and private addresses (single-host setups, tests).")
+    work_pool_concurrency: int | None = Field(
+        2, ge=1, description="Flow runs the work pool runs at once (`nightscore deploy`/`up`); more wait as Scheduled, "
+        "in queue priority order. None: no limit.")
+    lake_retries: int = Field(
+        3, ge=0, description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff.")
+    lake_retry_backoff_s: float = Field(
+        0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time).")
+    cache_retries: int = Field(
+        2, ge=0, description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff.")
+    duplicate_id_policy: Literal["quarantine_all", "keep_latest"] = Field(
+        "quarantine_all", description="Items sharing an item_id: quarantine_all quarantines every copy; keep_latest keeps "
+        "the copy with the latest created_at (ties: the later row in the file) and quarantines the others.")
+    data_docs_base_url: str | None = Field(
+        None, description="HTTP(S) URL serving the lake root: run summaries link the GX Data Docs under it. Without it "
+        "they link the run's contracts artifact in the Prefect UI.")
+    fault_fail_at: str | None = Field(
+        None, description="Chaos/test hook: raise an injected I/O error at a named point (publish:before-commit, "
+        "publish:partitions, publish:after-partitions).")
 
     @field_validator("bucket_boundaries")
     @classmethod
@@ -158,6 +195,11 @@ class Settings(BaseSettings):
     def cache_location(self) -> str:
         """Return the cache URL (redis://) or embedded store path."""
         return self.cache_url or str(self.home / "cache.sqlite")
+
+    @property
+    def query_warehouse_location(self) -> str:
+        """Return the warehouse URL or path analysts' queries use (query_warehouse_url, else the warehouse's)."""
+        return self.query_warehouse_url or self.warehouse_location
 
 
     @property

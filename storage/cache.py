@@ -27,6 +27,8 @@ from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from nightscore.errors import CacheUnavailable, PublishError
 
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 REDIS_SOCKET_TIMEOUT_S = 2.0
+REDIS_RETRY_BASE_S, REDIS_RETRY_CAP_S = 0.1, 2.0  # first backoff of a retried command, and its ceiling
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SCAN_COUNT = 1000
 DEFAULT_VERSION_GRACE_S = 86_400.0
@@ -170,6 +173,13 @@ class CandidateCache(ABC):
     @abstractmethod
     def switch_current(self, run_id: str) -> str | None:
         """Atomically make run_id current and the old current previous; return the old current."""
+
+    @abstractmethod
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Atomically set both pointers (None removes one), clearing any expiry of the versions they name.
+
+        How a failed publication's switch is taken back exactly, first publication included (no current run).
+        """
 
     @abstractmethod
     def versions(self) -> list[str]:
@@ -314,6 +324,17 @@ class SqliteCache(CandidateCache):
         logger.info("cache: current run %s (was %s)", run_id, old)
         return old
 
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Set current and previous in one write transaction (None deletes), their versions' expiries cleared."""
+        with self._transaction("IMMEDIATE") as conn:
+            for key, run_id in ((self.current_key, current), (self.previous_key, previous)):
+                if run_id is None:
+                    conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                else:
+                    conn.execute(_PERSIST, _prefix_range(self.version_prefix(run_id)))
+                    conn.execute(_UPSERT, (key, run_id.encode()))
+        logger.info("cache: pointers set to current %s, previous %s", current, previous)
+
     def versions(self) -> list[str]:
         base = f"{self.prefix}:cand:"
         with self._lock, self._guard():
@@ -346,6 +367,14 @@ if old then redis.call('SET', KEYS[2], old) else redis.call('DEL', KEYS[2]) end
 return old
 """
 
+# Sets both pointers at once; an empty argument deletes that pointer.
+_SET_POINTERS_SCRIPT = """
+for i = 1, 2 do
+  if ARGV[i] == '' then redis.call('DEL', KEYS[i]) else redis.call('SET', KEYS[i], ARGV[i]) end
+end
+return 1
+"""
+
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
@@ -364,17 +393,25 @@ def redact_url(url: str) -> str:
 
 
 class RedisCache(CandidateCache):
-    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False)."""
+    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False).
 
-    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> None:
+    Every command (pipelines and scripts included) that fails in transport — a reset connection, a timeout — is
+    retried ``retries`` times with exponential backoff on a fresh connection before CacheUnavailable; each is
+    safe to repeat (SET, PEXPIRE NX, the pointer scripts).
+    """
+
+    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> None:
         self.url = url
         self.prefix = prefix
         self.version_grace_s = version_grace_s
         self._where = redact_url(url)
         self._client = redis.Redis.from_url(
-            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S
+            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+            retry=Retry(ExponentialBackoff(cap=REDIS_RETRY_CAP_S, base=REDIS_RETRY_BASE_S), retries),
+            retry_on_error=list(_REDIS_DOWN),
         )
         self._switch = self._client.register_script(_SWITCH_SCRIPT)
+        self._set_pointers = self._client.register_script(_SET_POINTERS_SCRIPT)
 
     def _guard(self) -> AbstractContextManager[None]:
         """Return a context turning connection errors into CacheUnavailable naming the URL."""
@@ -453,6 +490,15 @@ class RedisCache(CandidateCache):
         logger.info("cache: current run %s (was %s)", run_id, old_id)
         return old_id
 
+    def set_pointers(self, current: str | None, previous: str | None) -> None:
+        """Set current and previous in one server-side script (their versions' TTLs cleared first); None deletes."""
+        for run_id in (current, previous):
+            if run_id is not None:
+                self._persist_version(_check_run_id(run_id))
+        with self._guard():
+            self._set_pointers(keys=[self.current_key, self.previous_key], args=[current or "", previous or ""])
+        logger.info("cache: pointers set to current %s, previous %s", current, previous)
+
     def versions(self) -> list[str]:
         base = f"{self.prefix}:cand:"
         run_ids = {key.decode()[len(base) :].split(":", 1)[0] for key in self._scan(_glob_escape(base) + "*:*")}
@@ -468,8 +514,8 @@ class RedisCache(CandidateCache):
         self._client.close()
 
 
-def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S) -> CandidateCache:
-    """Open the cache at a redis:// or rediss:// URL, or else the SQLite file at that path."""
+def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> CandidateCache:
+    """Open the cache at a redis:// or rediss:// URL (transport errors retried ``retries`` times), or else the SQLite file."""
     if location.startswith(REDIS_SCHEMES):
-        return RedisCache(location, prefix, version_grace_s)
+        return RedisCache(location, prefix, version_grace_s, retries)
     return SqliteCache(location, prefix, version_grace_s)

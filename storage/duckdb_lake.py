@@ -68,14 +68,23 @@ def write_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, row
     """Write rows as Hive partitions by run_date with DuckDB's COPY; return the partition files' URIs.
 
     rows: an Arrow table, or the URI of a Parquet file in the lake, which DuckDB then streams from the lake
-    without the rows ever being a Python frame. One plain COPY per run_date (a run has one) writes into a
-    staging folder of the lake; COPY ... PARTITION_BY is not used because DuckDB buffers a partitioned
-    write whole (7.7 GB at 1M items × 384 floats, and it cannot spill), while a plain COPY streams
-    (through the registered filesystem on S3); each file then moves into place (a rename locally, one
-    server-side copy on S3), so a reader sees a partition's old file or its new one, never half a file.
-    Files of a rewritten partition that this write did not produce are removed. The connection's buffer
-    pool is capped at LAKE_MEMORY_LIMIT and row groups kept at ROW_GROUP_ROWS, so the write's memory does
-    not grow with the run.
+    without the rows ever being a Python frame. `stage_partitions`, then `move_staged`: see there.
+    """
+    staging = stage_partitions(con, lake, table, rows)
+    try:
+        return move_staged(lake, staging, table)
+    finally:
+        remove_staging(lake, staging)
+
+
+def stage_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, rows: pa.Table | str) -> str:
+    """Write rows' partitions into a staging folder of the lake (nothing a reader sees yet); return that folder.
+
+    One plain COPY per run_date (a run has one) writes into the staging folder; COPY ... PARTITION_BY is not used
+    because DuckDB buffers a partitioned write whole (7.7 GB at 1M items × 384 floats, and it cannot spill), while a
+    plain COPY streams (through the registered filesystem on S3). The connection's buffer pool is capped at
+    LAKE_MEMORY_LIMIT and row groups kept at ROW_GROUP_ROWS, so the write's memory does not grow with the run.
+    A failed staging removes what it wrote.
     """
     con.execute(f"SET memory_limit = '{LAKE_MEMORY_LIMIT}'")
     staging = lake.uri(OUTPUTS, STAGING, f"{table}-{uuid.uuid4().hex[:12]}")
@@ -88,9 +97,33 @@ def write_partitions(con: duckdb.DuckDBPyConnection, lake: Lake, table: str, row
                 if lake.is_local:  # DuckDB writes the file, not its folders
                     lake.fs.makedirs(lake.fs._strip_protocol(folder), exist_ok=True)
                 _copy_partition(con, source, value, f"{folder}/part-0.parquet")
-        return _move_into_place(lake, staging, table_uri(lake, table))
-    finally:
-        _remove_tree(lake, staging)
+    except BaseException:
+        remove_staging(lake, staging)
+        raise
+    return staging
+
+
+def move_staged(lake: Lake, staging: str, table: str) -> list[str]:
+    """Move a staged table's files into place (a rename locally, one server-side copy on S3); return their URIs.
+
+    A reader sees a partition's old file or its new one, never half a file. Files of a rewritten partition that
+    this write did not produce are removed.
+    """
+    return _move_into_place(lake, staging, table_uri(lake, table))
+
+
+def remove_staging(lake: Lake, staging: str) -> None:
+    """Remove a staging folder (whatever a failed or finished write left there)."""
+    _remove_tree(lake, staging)
+
+
+def remove_partition(lake: Lake, table: str, run_date: str) -> bool:
+    """Remove one run_date's partition folder of a table; return whether there was one."""
+    path = lake.fs._strip_protocol(lake.uri(OUTPUTS, table, f"{PARTITION_COLUMN}={run_date}"))
+    if not lake.fs.exists(path):
+        return False
+    lake.fs.rm(path, recursive=True)
+    return True
 
 
 def _partition_values(con: duckdb.DuckDBPyConnection, source: str) -> list[str]:

@@ -3,14 +3,20 @@
 Select a schema with the URL, as libpq does: ``postgresql://user@host/db?options=-csearch_path%3Dmyschema``.
 Writes of one schema are serialised by an advisory lock (the server's equivalent of DuckDB's file
 lock), so publications, rollbacks and prunes never interleave; readers are never blocked.
+
+Analysts' SQL (`analyst_query`) runs in a read-only transaction that is always rolled back, as one prepared
+statement, and only for a role that is neither a superuser nor a member of the server-file roles (those
+could read or write the server's files with ``COPY``, ``pg_read_file`` or ``lo_import``); a role that can
+write the warehouse tables is warned about.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -20,9 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import errors as pg_errors
 
-from nightscore.errors import NightscoreError, PublishError, UsageError, WarehouseMissing
+from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
 from storage.warehouse import QueryResult, SqlWarehouse
-from storage.warehouse_schema import ddl, kind, object_names
+from storage.warehouse_schema import ddl, kind, object_names, upgrade_ddl
+
+log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS = 10_000
 FLOAT4_OID = 700
@@ -31,11 +39,22 @@ ARROW_TYPES = {"text": pa.string(), "date": pa.date32(), "int": pa.int32(), "big
 # Binary COPY sends each field as bytes the server decodes by the column's type; vectors are
 # pre-encoded with numpy (float4_arrays) and sent through the bytea dumper, ~5x faster than lists.
 COPY_TYPES = {"text": "varchar", "date": "date", "int": "int4", "bigint": "int8", "double": "float8", "vector": "bytea"}
+SERVER_FILE_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
+# What the connected role could do beyond reading: superuser, server-file roles, write privileges on this schema's tables.
+ROLE_SQL = (
+    "SELECT r.rolsuper, ARRAY(SELECT g FROM unnest(%s::text[]) AS g WHERE pg_has_role(current_user, g, 'MEMBER')), "
+    "ARRAY(SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace "
+    "AND c.relkind = 'r' AND has_table_privilege(c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE') ORDER BY 1) "
+    "FROM pg_roles r WHERE r.rolname = current_user")
+_LEADING_NOISE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/|\()*", re.DOTALL)
+READ_KEYWORDS = ("select", "with", "values", "table")
 _LITERAL_OR_MARK = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\$(\w*)\$.*?\$\1\$|\?""", re.DOTALL)
 
 
 class PostgresSession:
     """A write transaction on a psycopg connection."""
+
+    row_lock = " FOR UPDATE"  # appended to reads of rows the transaction must keep others from changing
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -54,14 +73,15 @@ class PostgresSession:
             batches = rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS) if isinstance(rows, pa.Table) \
                 else (batch.select(columns) for batch in rows)  # a stream: one batch in memory at a time
             for batch in batches:
-                for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds))):
+                for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds)), strict=True):
                     copy.write_row(row)
 
 
 class PostgresWarehouse(SqlWarehouse):
     """A schema on a PostgreSQL server; one connection per operation, closed after it."""
 
-    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10,
+                 lock_timeout_s: float = 120.0) -> None:
         self.url, self.where = url, redact(url)
         self.embedding_dim = embedding_dim
         self.connect_timeout_s, self.lock_timeout_s = connect_timeout_s, lock_timeout_s
@@ -82,7 +102,7 @@ class PostgresWarehouse(SqlWarehouse):
         try:
             conn.execute(LOCK_SQL)
         except pg_errors.LockNotAvailable as exc:
-            raise PublishError(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
+            raise WarehouseBusy(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
 
     def _ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
         """Create the tables, views and indexes in the current schema unless they all exist (or require them)."""
@@ -98,16 +118,26 @@ class PostgresWarehouse(SqlWarehouse):
                 for statement in ddl(self.embedding_dim, "postgres"):
                     conn.execute(statement)
             if self.embedding_dim is not None:
+                for statement in upgrade_ddl("postgres"):  # a warehouse made by an older nightscore: views, run_leases
+                    conn.execute(statement)
                 _check_width(conn, self.embedding_dim, self.where)
         self._tables_ready = True
 
     @contextmanager
-    def _transaction(self) -> Iterator[PostgresSession]:
+    def _transaction(self, lock: bool = True) -> Iterator[PostgresSession]:
         with self._connect(PublishError) as conn:
             self._ensure_tables(conn)
             with conn.transaction():
-                self._lock(conn)
+                if lock:
+                    self._lock(conn)
                 yield PostgresSession(conn)
+
+    def _lease_transaction(self) -> AbstractContextManager[PostgresSession]:
+        """Return a transaction without the writers' schema lock: a heartbeat never waits for a long publication.
+
+        Lease rows are serialised by their own row locks; a publication's fence check locks its lease row.
+        """
+        return self._transaction(lock=False)
 
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
         """Run one SQL statement in a read-only transaction that is always rolled back."""
@@ -120,6 +150,44 @@ class PostgresWarehouse(SqlWarehouse):
             cursor = conn.execute(pg_sql(sql, bind=bool(params)), list(params or []), prepare=True)
             columns = [column.name for column in cursor.description or []]
             return QueryResult(columns, cursor.fetchall() if cursor.description else [])
+
+    def analyst_query(self, sql: str) -> QueryResult:
+        """Run one analyst statement as a checked role in a read-only, rolled-back transaction; QueryRefused otherwise."""
+        keyword = re.match(r"[A-Za-z]+", _LEADING_NOISE.sub("", sql, count=1))
+        if keyword is None or keyword.group(0).lower() not in READ_KEYWORDS:
+            raise QueryRefused("query refused: only a read-only SELECT (or WITH ... SELECT) is allowed")
+        with self._connect(NightscoreError) as conn:
+            check_analyst_role(conn, self.where)
+            try:
+                return self._read_only(conn, sql)
+            except psycopg.Error as exc:
+                raise QueryRefused(f"query failed: {scrub(exc, self.url)}") from None
+
+    def _read_only(self, conn: psycopg.Connection[Any], sql: str) -> QueryResult:
+        """Run one unbound statement on conn in a read-only transaction that is always rolled back."""
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET TRANSACTION READ ONLY")
+            if _missing_objects(conn):
+                raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
+            cursor = conn.execute(pg_sql(sql, bind=False), prepare=True)
+            columns = [column.name for column in cursor.description or []]
+            return QueryResult(columns, cursor.fetchall() if cursor.description else [])
+
+
+def check_analyst_role(conn: psycopg.Connection[Any], where: str) -> None:
+    """Refuse a superuser or a server-file role for analysts' SQL (UsageError); warn loudly about write privileges."""
+    row = conn.execute(ROLE_SQL, [list(SERVER_FILE_ROLES)]).fetchone()
+    superuser, file_roles, writable = (row[0], row[1], row[2]) if row else (False, [], [])
+    fix = ("connect `nightscore query` with a read-only role (README, 'Analysts on PostgreSQL'; "
+           "NIGHTSCORE_QUERY_WAREHOUSE_URL)")
+    if superuser:
+        raise UsageError(f"warehouse {where}: refusing analysts' SQL as a superuser (it could read and write the "
+                         f"server's files); {fix}")
+    if file_roles:
+        raise UsageError(f"warehouse {where}: refusing analysts' SQL as a member of {', '.join(file_roles)}; {fix}")
+    if writable:
+        log.warning("warehouse %s: the query role can write %s; the read-only transaction stops it, but %s",
+                    where, ", ".join(writable), fix)
 
 
 def _schema_exists(conn: psycopg.Connection[Any]) -> bool:

@@ -74,8 +74,20 @@ TABLES: dict[str, dict[str, str]] = {
     },
 }
 
-# The one definition of "latest": views and rollback_latest order published runs the same way.
-NEWEST_FIRST = "published_at DESC, run_id DESC"
+# Tables nightscore keeps for itself (not part of the analysts' contract, and not required of a warehouse made
+# before them: a writer creates them when missing).
+INTERNAL_TABLES: dict[str, dict[str, str]] = {
+    # One row per run_date with a live run: who holds it and until when (heartbeats push expires_at).
+    "run_leases": {
+        "lease_key": "text PRIMARY KEY", "run_id": "text", "holder": "text NOT NULL", "acquired_at": "timestamp",
+        "renewed_at": "timestamp", "expires_at": "timestamp",
+    },
+}
+
+# The one definition of "latest": the newest run_date that published, ties broken by the later publication.
+# Views, rollback_latest, retract and latest_published order published runs this way, so publishing an older
+# run_date (a backfill) never moves latest_* or the cache pointer backwards.
+NEWEST_FIRST = "run_date DESC, published_at DESC, run_id DESC"
 
 VIEWS: dict[str, str] = {
     "latest_run": f"SELECT * FROM scoring_runs WHERE status = 'published' ORDER BY {NEWEST_FIRST} LIMIT 1",
@@ -115,16 +127,24 @@ def column_sql(name: str, spec: str, dialect: Dialect, embedding_dim: int) -> st
     return f"{sql_type} {constraints}".strip()
 
 
+def _create_table(table: str, columns: dict[str, str], dialect: Dialect, embedding_dim: int) -> str:
+    body = ",\n  ".join(f"{name} {column_sql(name, spec, dialect, embedding_dim)}" for name, spec in columns.items())
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n  {body}\n)"
+
+
 def ddl(embedding_dim: int, dialect: Dialect = "duckdb") -> list[str]:
     """Return the CREATE statements of every table, view (and PostgreSQL index), all idempotent."""
-    statements = []
-    for table, columns in TABLES.items():
-        body = ",\n  ".join(f"{name} {column_sql(name, spec, dialect, embedding_dim)}" for name, spec in columns.items())
-        statements.append(f"CREATE TABLE IF NOT EXISTS {table} (\n  {body}\n)")
-    statements += [f"CREATE OR REPLACE VIEW {name} AS {sql}" for name, sql in VIEWS.items()]
+    statements = [_create_table(table, columns, dialect, embedding_dim) for table, columns in TABLES.items()]
+    statements += upgrade_ddl(dialect)
     if dialect == "postgres":
         statements += list(POSTGRES_EXTRAS.values())
     return statements
+
+
+def upgrade_ddl(dialect: Dialect) -> list[str]:
+    """Return the idempotent statements a writer runs on an existing warehouse: internal tables, current view definitions."""
+    statements = [_create_table(table, columns, dialect, 0) for table, columns in INTERNAL_TABLES.items()]
+    return statements + [f"CREATE OR REPLACE VIEW {name} AS {sql}" for name, sql in VIEWS.items()]
 
 
 def object_names(dialect: Dialect) -> list[str]:

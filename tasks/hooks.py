@@ -1,4 +1,8 @@
-"""Flow state hooks: a run that fails or is cancelled is recorded as such, and its caller is called back."""
+"""Flow state hooks: a run that fails or is cancelled is recorded as such, its lease is released, its caller called back.
+
+`call_back` is the hook every final state runs (completed, failed, crashed, cancelled), so it is also where the
+run hands back its run date's lease (storage/leases.py): the next attempt of the date need not wait for it to lapse.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 from nightscore.callback import completion_payload, post_json
 from nightscore.errors import RunInterrupted, WarehouseMissing
 from nightscore.settings import current_settings
+from storage import leases
 from storage.resources import warehouse_for
 from tasks.results import Published
 
@@ -56,7 +61,8 @@ def _run_id(flow_run_id: str) -> str | None:
 
 
 def call_back(flow: Any, flow_run: Any, state: Any) -> None:
-    """POST {flow_run_id, run_id, state, counts, tables} to the run's callback_url, if it has one; never fail the run."""
+    """Release the run's lease, then POST {flow_run_id, run_id, state, counts, tables} to its callback_url; never fail the run."""
+    leases.release(str(flow_run.id))
     url = _callback_url(flow_run)
     if not url:
         return
@@ -68,5 +74,5 @@ def call_back(flow: Any, flow_run: Any, state: Any) -> None:
             published = None
     payload = completion_payload(str(flow_run.id), state.type.value, published if isinstance(published, Published) else None,
                                  _run_id(str(flow_run.id)), None if state.is_completed() else state.message)
-    if not post_json(url, payload):
+    if not post_json(url, payload, allow_private=current_settings().callback_allow_private):
         log.warning("callback to %s gave up; the run's own state is unaffected", url)

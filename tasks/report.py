@@ -6,15 +6,17 @@ Also the encode progress artifact, created at planning and moved by each shard.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
-from prefect import task
+import polars as pl
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
 from nightscore import plots as draw
-from nightscore.report import summary_markdown, timing_rows
+from nightscore.report import QuarantineRule, contracts_line, contracts_markdown, served_docs, summary_markdown, timing_rows
 from nightscore.run_context import run_folder
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
@@ -40,12 +42,43 @@ def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, s
     lake = lake_for(run.settings)
     pngs = plots(lake, warehouse_for(run.settings), run, stages)
     uris = save_plots(lake, run, pngs)
+    rules = quarantine_by_rule(lake, run)
+    warn_about(published, rules, run.settings.max_seq_length)
+    docs = served_docs(published.data_docs, lake.root, run.settings.data_docs_base_url)
+    contracts = create_markdown_artifact(contracts_markdown(run.run_id, contract_results(lake, run, docs), docs),
+                                         key=artifact_key("contracts"), description=f"Run {run.run_id}: data contracts")
     markdown = summary_markdown(published, {"items_uri": run.items_uri, "interactions_uri": run.interactions_uri},
-                                run.settings, {title: _data_uri(png) for title, png in pngs.items()})
+                                run.settings, {title: _data_uri(png) for title, png in pngs.items()}, rules,
+                                contracts_line(str(contracts), docs))
     create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {run.run_id}: summary and plots")
     create_table_artifact(timing_rows(published.stage_seconds), key=artifact_key("stage-timings"),
                           description=f"Run {run.run_id}: seconds per stage")
     return uris
+
+
+def contract_results(lake: Lake, run: RunRef, datasets: dict[str, str]) -> dict[str, dict[str, Any] | None]:
+    """Return each dataset's expectation outcomes as the suites wrote them (contracts/<dataset>.results.json)."""
+    return {dataset: lake.read_json(run.path(f"contracts/{dataset}.results.json")) for dataset in datasets}
+
+
+def quarantine_by_rule(lake: Lake, run: RunRef) -> list[QuarantineRule]:
+    """Return (dataset, rule, rows, example row key) of the run's quarantine, most rows first."""
+    uri = run.path("quarantine.parquet")
+    if not lake.exists(uri):
+        return []
+    frame = lake.read_parquet(uri, "quarantine", columns=["dataset", "rule", "row_key"])
+    counts = frame.group_by("dataset", "rule").agg(pl.len().alias("rows"), pl.col("row_key").min().alias("example"))
+    return [tuple(row) for row in counts.sort(["rows", "dataset", "rule"], descending=[True, False, False]).iter_rows()]
+
+
+def warn_about(published: Published, rules: list[QuarantineRule], max_tokens: int) -> None:
+    """Log the run's quarantine per rule and its truncated texts as warnings (the run's log in the UI)."""
+    record, logger = published.record, get_run_logger()
+    for dataset, rule, rows, example in rules:
+        logger.warning("quarantined %d %s row(s) by %s (e.g. %s)", rows, dataset, rule, example)
+    if record.truncated_texts and record.rows_computed:
+        logger.warning("%d of %d texts encoded (%.1f%%) were truncated at %d tokens", record.truncated_texts,
+                       record.rows_computed, 100 * record.truncated_texts / record.rows_computed, max_tokens)
 
 
 def _data_uri(png: bytes) -> str:

@@ -3,6 +3,10 @@
 Resume rule (documented in the README): without --resume, a run for a run_date resumes the most recent
 attempt of that flow and date if it did not publish (running, interrupted or failed) and read the same
 input URIs; otherwise it starts a new run. ``--resume RUN_ID`` resumes that run.
+
+Before it looks for a run to resume, the attempt takes the run date's lease (storage/leases.py): a second live
+attempt of the date waits for it (bounded) and then fails naming the holder, so an attempt only ever resumes a
+run whose own attempt has ended or died.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import fields, replace
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -22,6 +26,7 @@ from nightscore.errors import UsageError, WarehouseMissing
 from nightscore.run_context import RunContext, make_run_id, parse_run_date, run_folder
 from nightscore.settings import Settings, apply_runtime_defaults, current_settings
 from nightscore.stop import chain_stop_handler
+from storage import leases
 from storage.lake import Lake
 from storage.publication import reconcile_cache
 from storage.resources import cache_for, lake_for, warehouse_for
@@ -46,18 +51,42 @@ def start_run(flow_name: str, run_date: str | date | None, items_uri: str | None
     warehouse = warehouse_for(cfg, dim)
     with cache_for(cfg) as cache:
         reconcile_cache(warehouse, cache)
-    run = _open(lake, warehouse, flow_name, run_date, items_uri, interactions_uri, resume)
+    day = target_date(warehouse, run_date, resume)
+    token = str(flow_run.get_id() or uuid.uuid4())
+    lease = leases.hold(warehouse, warehouse_for(cfg), day, token, cfg.run_lease_ttl_s, cfg.run_lease_wait_s,
+                        say=get_run_logger().warning)
+    run = _open(lake, warehouse, flow_name, day, items_uri, interactions_uri, resume)
+    lease.attach(run.run_id)
+    STARTED[token] = run.run_id
     warehouse.record_run({"run_id": run.run_id, "flow_run_id": str(flow_run.get_id()), "flow_name": flow_name,
                           "run_date": run.date, "status": "running", "started_at": datetime.fromisoformat(run.started_at)})
     return run_ref(run, cfg, dim)
 
 
-def _open(lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str | date | None, items_uri: str | None,
+# Flow run id -> run id of the runs this process started: how the CLI names the run to resume after SIGTERM.
+STARTED: dict[str, str] = {}
+
+
+def last_started() -> str | None:
+    """Return the run id this process started last (None before any)."""
+    return next(reversed(STARTED.values()), None)
+
+
+def target_date(warehouse: Warehouse, run_date: str | date | None, resume: str | None) -> str:
+    """Return the run date an attempt works on: --resume's run's, else the given date or today (UTC)."""
+    if not resume:
+        return parse_run_date(run_date, datetime.now(UTC).date())
+    rows = warehouse.query("SELECT CAST(run_date AS VARCHAR) FROM scoring_runs WHERE run_id = ?", [resume]).rows
+    if not rows:
+        raise UsageError(f"no run {resume} to resume")
+    return str(rows[0][0])
+
+
+def _open(lake: Lake, warehouse: Warehouse, flow_name: str, day: str, items_uri: str | None,
           interactions_uri: str | None, resume: str | None) -> RunContext:
     """Return the context of the run to do: the one resumed, the unfinished one of the same inputs, or a new one."""
     if resume:
         return _resumed(load_run(lake, warehouse, resume))
-    day = parse_run_date(run_date, datetime.now(timezone.utc).date())
     items, interactions = run_inputs(lake, items_uri, interactions_uri)
     unfinished = find_resumable(lake, warehouse, flow_name, day, items, interactions)
     if unfinished is not None:
@@ -68,7 +97,7 @@ def _open(lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str | date
 def _resumed(run: RunContext) -> RunContext:
     """Return a resumed run's context with this attempt's start time."""
     get_run_logger().info("resuming run %s: finished shards will be reused", run.run_id)
-    return replace(run, started_at=datetime.now(timezone.utc).isoformat())
+    return replace(run, started_at=datetime.now(UTC).isoformat())
 
 
 def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) -> tuple[str, str]:
@@ -80,7 +109,8 @@ def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) 
     return items_uri, interactions_uri
 
 
-def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED) -> tuple[str, str]:
+def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS,
+                       seed: int = DEMO_SEED) -> tuple[str, str]:
     """Return (items URI, interactions URI) of the demo inputs in the lake, generating them if absent."""
     items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
     if not (lake.exists(items_uri) and lake.exists(inter_uri)):
@@ -136,7 +166,7 @@ def new_run(lake: Lake, flow_name: str, run_date: str, items_uri: str, interacti
     """Return a fresh run context and save it as run.json in its folder."""
     run_id = make_run_id(flow_name, run_date, unique)
     run = RunContext(run_id, flow_name, run_date, items_uri, interactions_uri, run_folder(lake.uri, run_date, run_id),
-                     datetime.now(timezone.utc).isoformat())
+                     datetime.now(UTC).isoformat())
     lake.write_json(run.as_dict(), run.path("run.json"))
     return run
 

@@ -2,8 +2,8 @@
 
 Produces ``valid/items.parquet``, ``valid/interactions.parquet`` and ``quarantine.parquet``. Rows are read
 once: each batch goes through its pandera contract, its valid rows are written and folded into the dataset
-view the suites read. Whole-file rules run on ids only: duplicated item_ids (one pass over the id column) and
-interactions of valid items.
+view the suites read. Whole-file rules run on ids only: duplicated item_ids (one pass over the id and created_at
+columns, by NIGHTSCORE_DUPLICATE_ID_POLICY) and interactions of valid items.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.dataset_view import DatasetView, ViewBuilder
-from data_contracts.inputs import InputRules, duplicated_item_ids, validate_interactions, validate_items
+from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
 from data_contracts.quarantine import empty_quarantine
 from nightscore.errors import ContractViolation
 from storage.lake import Lake
@@ -51,9 +51,10 @@ def validate_inputs(run: RunRef, ingested: Ingested) -> Validated:
 def apply_row_contracts(lake: Lake, run: RunRef, ingested: Ingested) -> tuple[RowContract, RowContract]:
     """Validate both inputs batch by batch; write their valid rows and the quarantine; return what each pass kept."""
     rules = InputRules(not_after=run.reference_time + timedelta(hours=run.settings.future_tolerance_hours),
-                       max_text_chars=run.settings.max_text_chars)
-    duplicated = duplicated_item_ids(lake.read_parquet(ingested.items_uri, "items", columns=["item_id"]).get_column("item_id"))
-    items = RowContract(lambda raw, offset: validate_items(raw, rules, run.items_uri, offset, duplicated), ["item_id"])
+                       max_text_chars=run.settings.max_text_chars, duplicate_policy=run.settings.duplicate_id_policy)
+    ids = lake.read_parquet(ingested.items_uri, "items", columns=["item_id", "created_at"])  # id columns only
+    duplicates = duplicate_rows(ids, rules.duplicate_policy)
+    items = RowContract(lambda raw, offset: validate_items(raw, rules, run.items_uri, offset, duplicates), ["item_id"])
     items.write(lake, lake.iter_frames(ingested.items_uri, "items", batch_size=INPUT_BATCH), run.path("valid/items.parquet"))
     valid_ids = items.kept("item_id")
     interactions = RowContract(lambda raw, offset: validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,9 +12,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -45,7 +46,7 @@ def serving(args: list[str], env: dict[str, str] | None, log_path: Path, ready: 
             what: str, stop_timeout: float) -> Iterator[subprocess.Popen]:
     """Start a server in its own process group (output to log_path), wait until ready(); SIGTERM the group after
     (SIGKILL past stop_timeout)."""
-    log = open(log_path, "ab")
+    log = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below, after the server stopped
     server = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(ready, timeout, server, what)
@@ -142,3 +143,91 @@ def s3_bucket(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         yield f"s3://{bucket}"
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+# --- a TCP proxy that resets connections on demand ---------------------------------------------
+
+
+class ResettingProxy:
+    """A loopback TCP proxy to host:port that resets connections (RST) on demand, as a flaky network does.
+
+    ``reset_next`` connections are reset at once (then it relays again); ``reset_all`` resets every new one and
+    every open relay. ``connections`` counts the connections accepted.
+    """
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        import threading
+
+        self.target = (host, port)
+        self.reset_next, self.reset_all, self.connections = 0, False, 0
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                reset = self.reset_all or self.reset_next > 0
+                self.reset_next = max(0, self.reset_next - 1)
+            if reset:
+                _rst(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:  # the server behind is gone: so is this connection
+                _rst(client)
+                continue
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._relay, args=(a, b), daemon=True).start()
+
+    def _relay(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if self.reset_all:
+                    break
+                target.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, target):
+            _rst(sock) if self.reset_all else _close(sock)
+
+    def cut(self) -> None:
+        """Reset every open relay and every later connection (the network went away)."""
+        self.reset_all = True
+        with self._lock:
+            for sock in self._open:
+                _rst(sock)
+
+    def close(self) -> None:
+        """Stop accepting."""
+        self._listener.close()
+
+
+def _rst(sock: socket.socket) -> None:
+    import struct
+
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    except OSError:
+        pass
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -76,7 +76,8 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no warehouse" in done.stderr
 
 
-def test_unreadable_input_exits_3_naming_the_file(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+def test_unreadable_input_exits_3_naming_the_file(
+        demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
     home, inputs, _ = demo_run
     bad = tmp_path / "items.parquet"
     pl.read_parquet(inputs / "items.parquet").drop("item_id").write_parquet(bad)
@@ -89,9 +90,16 @@ def test_unreadable_input_exits_3_naming_the_file(demo_run: tuple[Path, Path, su
     assert query_json("select run_id from latest_run", home) == before
 
 
-def test_sql_error_exits_1_with_one_line(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
+def test_sql_error_and_refused_statements_exit_2_with_one_line(
+        demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
     done = nightscore("query", "select * from no_such_table", home=demo_run[0])
-    assert done.returncode == 1 and "no_such_table" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "no_such_table" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    done = nightscore("query", "selec 1", home=demo_run[0])
+    assert done.returncode == 2 and done.stderr.startswith("nightscore: error: query failed") and done.stderr.count("\n") == 1
+    for sql in (f"copy scoring_runs to '{tmp_path}/out.csv'", "select * from read_text('/etc/hostname')", "install httpfs"):
+        done = nightscore("query", sql, home=demo_run[0])
+        assert done.returncode == 2 and done.stderr.startswith("nightscore: error: query refused"), (sql, done.stderr)
+    assert not (tmp_path / "out.csv").exists()
 
 
 def test_broken_warehouse_file_is_one_clear_line(tmp_path: Path) -> None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 import pytest
 
-from data_contracts.inputs import InputRules, duplicated_item_ids, validate_interactions, validate_items
+from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
 from nightscore.demo_data import generate_demo_data
 
-RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=timezone.utc), max_text_chars=20_000)
+RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=UTC), max_text_chars=20_000)
 URI = "mem://items.parquet"
 
 
@@ -30,9 +30,10 @@ def defective() -> tuple[pl.DataFrame, pl.DataFrame]:
     return items, interactions.with_columns(pl.Series("event", events))
 
 
-def _batched(items: pl.DataFrame, interactions: pl.DataFrame, size: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    duplicated = duplicated_item_ids(items["item_id"])
-    parts = [validate_items(items.slice(o, size), RULES, URI, o, duplicated) for o in range(0, items.height, size)]
+def _batched(items: pl.DataFrame, interactions: pl.DataFrame, size: int,
+             rules: InputRules = RULES) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    duplicated = duplicate_rows(items.select("item_id", "created_at"), rules.duplicate_policy)
+    parts = [validate_items(items.slice(o, size), rules, URI, o, duplicated) for o in range(0, items.height, size)]
     valid = pl.concat([p[0] for p in parts])
     inter = [validate_interactions(interactions.slice(o, size), valid["item_id"], RULES, URI, o)
              for o in range(0, interactions.height, size)]
@@ -54,3 +55,14 @@ def test_batches_quarantine_what_one_pass_does(defective: tuple[pl.DataFrame, pl
     rules = set(whole["rule"].to_list())
     assert {"item_id:field_uniqueness", "item_id:not_nullable", "text:not_blank", "item_id:item_exists"} <= rules, rules
     assert whole.filter(pl.col("rule") == "item_id:field_uniqueness").height == 5
+
+
+@pytest.mark.parametrize("size", [7, 1000])
+def test_keep_latest_batches_keep_what_one_pass_keeps(defective: tuple[pl.DataFrame, pl.DataFrame], size: int) -> None:
+    items, interactions = defective
+    rules = InputRules(not_after=RULES.not_after, max_text_chars=RULES.max_text_chars, duplicate_policy="keep_latest")
+    valid, q_items = validate_items(items, rules, URI)
+    b_valid, _, b_quarantine = _batched(items, interactions, size, rules)
+    assert b_valid.equals(valid)
+    assert b_quarantine.filter(pl.col("dataset") == "items").sort(pl.all()).equals(q_items.sort(pl.all()))
+    assert q_items.filter(pl.col("rule") == "item_id:duplicate_not_kept").height == 3  # 1 of item 2's copies, 2 of item 50's

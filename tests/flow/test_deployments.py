@@ -14,19 +14,20 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import httpx
 import psycopg
 import pytest
 
-from tests.servers import free_port, prefect_server
 from tests.helpers import demo_inputs
+from tests.servers import free_port, prefect_server
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -47,8 +48,9 @@ def prefect_database() -> Iterator[str]:
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """Return the environment of a nightscore command: tiny encoder, small shards, its own home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "PREFECT_API"))}
+    # Callbacks go to a recorder on 127.0.0.1: a loopback address the default settings refuse.
     env.update(NIGHTSCORE_HOME=str(home), NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="100", NIGHTSCORE_TOP_K="20",
-               NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin", **extra)
+               NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin", NIGHTSCORE_CALLBACK_ALLOW_PRIVATE="true", **extra)
     return env
 
 
@@ -86,7 +88,7 @@ class Callbacks:
         received = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 self.send_response(204)
                 self.end_headers()
@@ -175,6 +177,7 @@ def test_up_registers_deployments_queues_schedule_and_gpu_limit(stack: dict[str,
     assert priorities["on-demand"] < priorities["scheduled"]
     gpu = httpx.get(f"{api}/v2/concurrency_limits/gpu", timeout=10).json()
     assert gpu["limit"] == 1 and gpu["active"]
+    assert httpx.get(f"{api}/work_pools/nightscore", timeout=10).json()["concurrency_limit"] == 2  # the default
 
 
 def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stack: dict[str, Any], inputs: Path) -> None:
@@ -190,18 +193,21 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
         assert first.status_code == 201 and again.json()["id"] == first.json()["id"]  # same key: the same run
         wait_for_log(api, first.json()["id"], "waiting for a slot of global concurrency limit 'gpu'")
         time.sleep(2)
-        released = datetime.now(timezone.utc)
+        released = datetime.now(UTC)
 
     run = wait_final(api, first.json()["id"])
     held = [at for at, message in run_logs(api, run["id"]) if message.startswith("holding a slot of 'gpu'")]
     assert held and min(held) >= released  # no shard encoded while the slot was taken
     assert run["state_type"] == "COMPLETED", run["state"]["message"]
-    print(f"trigger-to-running latency: {seconds_to_running(api, run['id']):.1f} s")  # noqa: T201 - for the issue note
-    rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?", [run["id"]])
+    print(f"trigger-to-running latency: {seconds_to_running(api, run['id']):.1f} s")
+    rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?",
+                          [run["id"]])
     assert rows and rows[0][1:] == ("published", 300)
-    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?", [rows[0][0]]) == [(300,)]
+    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?",
+                          [rows[0][0]]) == [(300,)]
 
-    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}, timeout=10).json()
+    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}},
+                           timeout=10).json()
     by_key = {a["key"]: a for a in artifacts}
     assert {"on-demand-summary", "on-demand-stage-timings", "on-demand-encode-progress"} <= set(by_key)
     summary = by_key["on-demand-summary"]["data"]
@@ -235,8 +241,8 @@ def test_cli_trigger_item_ids_wait_and_status(stack: dict[str, Any], inputs: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     flow_run_id, final = done.stdout.split()[:2]
     assert final == "Completed"
-    retried = nightscore(*args, env=stack["env"])  # same parameters today: the idempotency key finds the same run
-    assert retried.stdout.split()[0] == flow_run_id
+    retried = nightscore(*args, env=stack["env"])  # same parameters, same files: the idempotency key finds the same run
+    assert retried.stdout.split()[0] == flow_run_id and f"returned the existing flow run {flow_run_id}" in retried.stderr
 
     status = nightscore("status", flow_run_id, env=stack["env"])
     assert status.returncode == 0 and "Completed" in status.stdout

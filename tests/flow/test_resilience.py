@@ -22,8 +22,8 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_candidates
-from tests.servers import wait_for
 from tests.helpers import demo_inputs
+from tests.servers import wait_for
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -41,7 +41,7 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, item
     env.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
     if pause_at:
         env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
-    log = open(f"{home}.log", "a")
+    log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         [CLI, "run", "nightly", "--items", str(items or inputs / "items.parquet"), "--interactions",
          str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
@@ -117,11 +117,12 @@ def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(tmp_path: 
     took = time.monotonic() - started
     log = Path(f"{home}.log").read_text()
     assert code == 143, log[-2000:]
-    assert "nightscore: error: run interrupted by SIGTERM" in log
     assert took < 120
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
-    assert con.execute("select status from scoring_runs").fetchall() == [("interrupted",)]
+    [(run_id, status)] = con.execute("select run_id, status from scoring_runs").fetchall()
     con.close()
+    assert status == "interrupted"
+    assert f"nightscore: error: run {run_id} interrupted by SIGTERM" in log and f"--resume {run_id})" in log
     log = run_to_end(home, inputs, prefect_api)
     assert "shard 0: reused checkpoint" in log and "shard 1: reused checkpoint" in log
     assert outputs(home) == reference
@@ -144,7 +145,8 @@ def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(tmp_pat
     items = pl.read_parquet(inputs / "items.parquet")
     changed = np.random.default_rng(0).choice(items.height, size=15, replace=False)
     edited = items.with_columns(
-        pl.when(pl.int_range(pl.len()).is_in(changed.tolist())).then(pl.col("body") + " edited").otherwise(pl.col("body")).alias("body"))
+        pl.when(pl.int_range(pl.len()).is_in(changed.tolist())).then(pl.col("body") + " edited").otherwise(pl.col("body"))
+        .alias("body"))
     edited_path = tmp_path / "items_edited.parquet"
     edited.write_parquet(edited_path)
     assert summary_counts(run_to_end(home, inputs, prefect_api, items=edited_path)) == (15, 285)

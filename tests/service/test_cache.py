@@ -235,7 +235,7 @@ def test_concurrent_reader_never_sees_a_mix(cache: CandidateCache, location: tup
         for k in range(6):
             cache.write_version(f"r{k}", _entries(f"r{k}", n_users=200), batch_size=50)
             cache.switch_current(f"r{k}")
-            _wait_for(lambda: last_seen.value >= k, reader)  # the reader saw this version before the next
+            _wait_for(lambda k=k: last_seen.value >= k, reader)  # the reader saw this version before the next
     finally:
         stop.set()
         reads, seen, bad = out.get(timeout=WAIT_S)
@@ -393,9 +393,44 @@ def test_rollback_twice_reaches_an_expiring_version_and_keeps_it(location: tuple
     with open_cache(*location, version_grace_s=3600.0) as cache:
         for day, run_id in enumerate(("r1", "r2", "r3"), start=1):
             cache.write_version(run_id, _entries(run_id))
-            publish_run(wh, run_id, f"2026-11-0{day}", before_commit=lambda r=run_id: cache.switch_current(r))
+            publish_run(wh, run_id, f"2026-11-0{day}", before_commit=lambda _latest, r=run_id: cache.switch_current(r))
             cache.retire_old_versions()
         assert None not in _ttls(location, "r1")
         assert rollback(wh, cache) == ("r3", "r2") and cache.current() == "r2"
         assert rollback(wh, cache) == ("r2", "r1") and cache.read("u0") == ("r1", _payload("r1"))
         assert _ttls(location, "r1") == [None] * 20  # current again: it no longer expires
+
+
+# --- pointers set exactly (issue 18, item 6) ------------------------------------------------
+
+
+def test_set_pointers_sets_clears_and_persists_both(location: tuple[str, str]) -> None:
+    with open_cache(*location, version_grace_s=3600.0) as cache:
+        for run_id in ("r1", "r2", "r3"):
+            _publish(cache, run_id)
+        assert None not in _ttls(location, "r1")  # r1 is older than previous: it expires
+        cache.set_pointers("r2", "r1")
+        assert (cache.current(), cache.previous()) == ("r2", "r1") and _ttls(location, "r1") == [None] * 20
+        cache.set_pointers(None, None)  # a failed first publication: nothing current at all
+        assert (cache.current(), cache.previous(), cache.read("u0")) == (None, None, None)
+
+
+def test_reconcile_clears_a_pointer_the_warehouse_never_published(location: tuple[str, str], tmp_path: Path) -> None:
+    """A first publication killed between the cache switch and the warehouse commit left the cache on its run."""
+    from storage.publication import reconcile_cache
+    from storage.warehouse import open_warehouse
+    from tests.storage.test_warehouse import publish as publish_run
+
+    wh = open_warehouse(str(tmp_path / "warehouse.duckdb"), embedding_dim=384)
+    wh.record_run({"run_id": "r0", "flow_name": "nightly", "run_date": "2026-11-01", "status": "running"})
+    with open_cache(*location) as cache:
+        cache.write_version("r9", _entries("r9"))
+        cache.switch_current("r9")
+        assert reconcile_cache(wh, cache) == "none" and (cache.current(), cache.previous()) == (None, None)
+        for day, run_id in enumerate(("r1", "r2"), start=1):
+            cache.write_version(run_id, _entries(run_id))
+            publish_run(wh, run_id, f"2026-11-0{day}", before_commit=lambda _latest, r=run_id: cache.switch_current(r))
+        cache.write_version("r9", _entries("r9"))
+        cache.switch_current("r9")  # killed again, now with two published runs before it
+        assert reconcile_cache(wh, cache) == "r2" and (cache.current(), cache.previous()) == ("r2", "r1")
+        assert reconcile_cache(wh, cache) is None

@@ -14,8 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -25,61 +24,13 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from nightscore.errors import PublishError, UsageError
+from nightscore.errors import PublishError, UsageError, WarehouseBusy
 from storage.warehouse import DuckDBWarehouse, Warehouse, open_warehouse
 from storage.warehouse_postgres import LOCK_SQL, PostgresWarehouse, pg_sql, redact
+from tests.storage.conftest import DIM, Backend
 
-DIM = 384
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEAD_PG_URL = "postgresql://analyst:s3cr%40t@127.0.0.1:1/test"
 WAIT_S = 120.0  # deadlock guard only; nothing asserts on speed
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Where one test's warehouse lives."""
-
-    name: str
-    location: str
-
-    def open(self) -> Warehouse:
-        """Return a fresh adapter on this warehouse."""
-        return open_warehouse(self.location, embedding_dim=DIM)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> str:
-    """Return the PostgreSQL URL, or skip when the server is unreachable."""
-    try:
-        psycopg.connect(PG_URL, connect_timeout=3).close()
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL server at {PG_URL}: {' '.join(str(exc).split())[:120]}")
-    return PG_URL
-
-
-@pytest.fixture
-def pg_schema(pg_server: str) -> Iterator[str]:
-    """Yield a warehouse URL on a new empty schema; the schema is dropped after the test."""
-    schema = f"nstest_{uuid.uuid4().hex}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{pg_server}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Return an empty warehouse on each backend."""
-    if request.param == "duckdb":
-        return Backend("duckdb", str(tmp_path / "nested" / "w.duckdb"))
-    return Backend("postgres", request.getfixturevalue("pg_schema"))
-
-
-@pytest.fixture
-def wh(backend: Backend) -> Warehouse:
-    """Return an adapter on an empty warehouse."""
-    return backend.open()
 
 
 def scores(run_id: str, run_date: date | str, n: int) -> pa.Table:
@@ -116,7 +67,8 @@ def run_row(run_id: str, run_date: date | str, n: int = 3) -> dict[str, object]:
             "started_at": datetime.now(UTC), "rows_in": n}
 
 
-def publish(wh: Warehouse, run_id: str, run_date: date | str, n: int = 3, before_commit: Callable[[], None] | None = None) -> None:
+def publish(wh: Warehouse, run_id: str, run_date: date | str, n: int = 3,
+            before_commit: Callable[[str], object] | None = None) -> None:
     """Record and publish a run with n items and two users."""
     wh.record_run(run_row(run_id, run_date, n))
     wh.publish(run_row(run_id, run_date, n), scores(run_id, run_date, n), candidates(run_id, run_date, 2), before_commit)
@@ -243,10 +195,10 @@ def test_analyst_reads_never_see_a_half_published_run(backend: Backend, tmp_path
     try:
         sizes = [300, 40, 700, 120, 1000]
         for day, n in enumerate(sizes, start=2):
-            publish(wh, f"r{day}", date(2026, 11, day), n=n, before_commit=lambda: time.sleep(0.2))
+            publish(wh, f"r{day}", date(2026, 11, day), n=n, before_commit=lambda _latest: time.sleep(0.2))
             time.sleep(0.2)  # DuckDB: a window for the reader, which cannot open the file during a publication
         with pytest.raises(RuntimeError):
-            publish(wh, "bad", date(2026, 11, 20), n=999, before_commit=lambda: (time.sleep(0.3), explode()))
+            publish(wh, "bad", date(2026, 11, 20), n=999, before_commit=lambda _latest: (time.sleep(0.3), explode()))
         time.sleep(0.3)
     finally:
         stop.touch()
@@ -442,8 +394,10 @@ def test_duckdb_publish_gives_up_on_a_held_lock_with_a_clear_error(tmp_path: Pat
     try:
         with pytest.raises(PublishError, match="locked by another process"):
             publish(DuckDBWarehouse(str(path), embedding_dim=DIM, lock_retries=2, lock_backoff_s=0.05), "r2", date(2026, 11, 30))
-        with pytest.raises(UsageError, match="locked by another process"):
+        with pytest.raises(WarehouseBusy, match="locked by another process"):  # an outage, not "no warehouse yet"
             DuckDBWarehouse(str(path), lock_retries=1, lock_backoff_s=0.05).query("select 1")
+        with pytest.raises(WarehouseBusy, match=r"locked by another process \(waited \d+ s\)"):
+            DuckDBWarehouse(str(path), lock_timeout_s=0.5, lock_backoff_s=0.05).latest_published()
     finally:
         holder.kill()
         holder.wait()
@@ -528,3 +482,61 @@ def test_postgres_concurrent_publishers_both_land(pg_schema: str) -> None:
     assert one(wh, "select count(*) from item_scores") == 50 * (1 + 2 + 3 + 4)
     latest = one(wh, "select run_id from latest_run")
     assert one(wh, "select count(*) from latest_item_scores") == 50 * int(str(latest)[1:])
+
+
+# --- latest = newest run_date; retraction (issue 18, items 5 and 6) -----------------------------
+
+
+def test_an_older_run_date_publishes_its_rows_but_never_becomes_latest(wh: Warehouse) -> None:
+    publish(wh, "new", date(2026, 12, 1), n=5)
+    seen: list[str] = []
+    wh.record_run(run_row("old", date(2026, 11, 30), 3))
+    latest = wh.publish(run_row("old", date(2026, 11, 30), 3), scores("old", date(2026, 11, 30), 3),
+                        candidates("old", date(2026, 11, 30), 2), before_commit=seen.append)
+    assert latest == "new" and seen == ["new"]
+    assert one(wh, "select run_id from latest_run") == "new" and one(wh, "select count(*) from latest_item_scores") == 5
+    assert one(wh, "select count(*) from item_scores where run_date = DATE '2026-11-30'") == 3
+    assert statuses(wh) == {"new": "published", "old": "published"}
+    latest_published = wh.latest_published()
+    assert latest_published is not None and latest_published.run_id == "new"
+    publish(wh, "again", date(2026, 12, 1), n=4)  # the same newest date again: the later publication wins
+    assert one(wh, "select run_id from latest_run") == "again" and statuses(wh)["new"] == "replaced"
+    assert wh.rollback_latest() == ("again", "old")  # rollback follows the same order
+
+
+def test_a_retracted_republication_gives_the_date_back_to_the_run_it_replaced(wh: Warehouse) -> None:
+    publish(wh, "r1", date(2026, 11, 30), n=3)
+    wh.record_run(run_row("r2", date(2026, 11, 30), 5))
+    assert wh.publish(run_row("r2", date(2026, 11, 30), 5), scores("r2", date(2026, 11, 30), 5),
+                      candidates("r2", date(2026, 11, 30), 2), keep_replaced=True) == "r2"
+    assert one(wh, "select count(*) from latest_item_scores") == 5 and statuses(wh)["r1"] == "replaced"
+    pointed: list[str | None] = []
+    assert wh.retract("r2", "serving features failed", before_commit=pointed.append) == "r1" and pointed == ["r1"]
+    assert statuses(wh) == {"r1": "published", "r2": "failed"}
+    assert wh.query("select run_id, count(*) from item_scores group by run_id").rows == [("r1", 3)]  # no rows of r2 left
+    assert one(wh, "select count(*) from user_candidates where run_id = 'r2'") == 0
+
+
+def test_finalize_deletes_the_replaced_rows_and_a_first_retraction_leaves_nothing(wh: Warehouse) -> None:
+    publish(wh, "r1", date(2026, 11, 30), n=3)
+    wh.record_run(run_row("r2", date(2026, 11, 30), 5))
+    wh.publish(run_row("r2", date(2026, 11, 30), 5), scores("r2", date(2026, 11, 30), 5),
+               candidates("r2", date(2026, 11, 30), 2), keep_replaced=True)
+    assert wh.finalize_publication("r2") == 3 + 4 and wh.finalize_publication("r1") == 0
+    assert wh.query("select distinct run_id from item_scores").rows == [("r2",)]
+    assert wh.retract("r2", "late failure") is None  # nothing left to give the date back to
+    assert one(wh, "select count(*) from item_scores") == 0 and one(wh, "select count(*) from latest_run") == 0
+
+
+def test_prune_names_the_folders_of_old_and_superseded_runs_but_never_a_live_one(wh: Warehouse) -> None:
+    wh.record_run({**run_row("f1", date(2026, 11, 2)), "status": "failed"})  # an attempt its date's publication superseded
+    publish(wh, "r1", date(2026, 11, 1))
+    publish(wh, "r2", date(2026, 11, 2))
+    wh.record_run({**run_row("live", date(2026, 11, 3)), "status": "running"})  # started before r3: old by the rules...
+    assert wh.acquire_lease("run_date:2026-11-03", "holder", 60, lambda _: False) is None
+    assert wh.renew_lease("run_date:2026-11-03", "holder", 60, run_id="live")  # ...but its attempt is alive
+    publish(wh, "r3", date(2026, 11, 4))
+    pruned = wh.prune_runs(keep_runs=1, keep_days=None)
+    assert pruned.runs == 2 and pruned.dates_gone == ["2026-11-01", "2026-11-02"]
+    assert pruned.folders == [("f1", "2026-11-02"), ("r1", "2026-11-01"), ("r2", "2026-11-02")]
+    assert statuses(wh)["live"] == "running"

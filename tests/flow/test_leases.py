@@ -1,0 +1,72 @@
+"""Flow tier, two real processes: a second attempt for a run date never joins a live one (issue 18, item 4).
+
+Before leases, the second `nightscore run nightly` for a date "resumed" the first while it was still running and both
+wrote, staged and published the same folder. Now the first holds the date's lease: a second attempt waits
+(bounded) and fails naming it, and one that waits long enough resumes the first run only after it has ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.flow.test_resilience import CLI, RUN_DATE
+from tests.helpers import demo_inputs
+from tests.servers import wait_for
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a folder with demo inputs: 300 items, 60 users."""
+    return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=7)
+
+
+def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subprocess.Popen[str]:
+    """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
+    child.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
+    log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
+    return subprocess.Popen([CLI, "run", "nightly", "--items", str(inputs / "items.parquet"), "--interactions",
+                             str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
+                            env=child, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def output(home: Path, name: str) -> str:
+    """Return what an attempt printed."""
+    return Path(f"{home}-{name}.log").read_text()
+
+
+def runs(home: Path) -> list[tuple[str, str]]:
+    """Return (run_id, status) of every run in the home's warehouse."""
+    with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
+        return con.execute("SELECT run_id, status FROM scoring_runs ORDER BY started_at").fetchall()
+
+
+def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_ended(
+        tmp_path: Path, inputs: Path, prefect_api: str) -> None:
+    home = tmp_path / "home"
+    first = attempt(home, inputs, prefect_api, "first", NIGHTSCORE_FAULT_PAUSE_AT="shard:1")
+    wait_for((home / "faults" / "shard-1.reached").exists, 180, first, "first attempt paused mid-encode")
+    [(run_id, status)] = runs(home)
+    assert status == "running"
+
+    impatient = attempt(home, inputs, prefect_api, "impatient", NIGHTSCORE_RUN_LEASE_WAIT_S="3")
+    assert impatient.wait(timeout=180) == 1, output(home, "impatient")[-3000:]
+    errors = [line for line in output(home, "impatient").splitlines() if line.startswith("nightscore: error")]
+    assert len(errors) == 1 and f"run date {RUN_DATE} is held by run {run_id}" in errors[0], errors
+    assert runs(home) == [(run_id, "running")]  # it neither resumed nor started a run
+    assert [p.name for p in (home / "lake" / "runs" / RUN_DATE).iterdir()] == [run_id]
+
+    patient = attempt(home, inputs, prefect_api, "patient", NIGHTSCORE_RUN_LEASE_WAIT_S="240")
+    wait_for(lambda: "waiting for the lease" in output(home, "patient"), 180, patient, "second attempt waiting")
+    assert runs(home) == [(run_id, "running")]
+    first.send_signal(signal.SIGTERM)  # the live attempt ends (interrupted): its lease is released
+    assert first.wait(timeout=120) == 143, output(home, "first")[-3000:]
+    assert patient.wait(timeout=300) == 0, output(home, "patient")[-3000:]
+    assert f"resuming run {run_id}" in output(home, "patient")
+    assert runs(home) == [(run_id, "published")]

@@ -1,0 +1,114 @@
+"""Flow tier: after every failure point of a publication, the warehouse's latest run, the cache's current and
+previous pointers and the lake's partitions agree, and the failed run leaves no rows (issue 18, items 5 and 6).
+
+Failure points: inside the warehouse transaction just before its commit (injected disk-full error), after the
+commit while the lake partitions are written (injected, every table staged, none moved), and in the serving
+features step after `publish` (a file where the features folder goes). Each runs without a previous publication,
+with two previous ones (so the previous pointer matters), and as a re-publish of the latest run's own date.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from flows.nightly import nightly
+from flows.params import NightlyParams
+from nightscore.errors import WarehouseMissing
+from nightscore.settings import load_settings
+from storage.resources import cache_for, lake_for, warehouse_for
+from tasks.results import Published
+from tests.helpers import demo_inputs
+
+DAYS = ("2026-11-28", "2026-11-29", "2026-11-30")
+
+
+def run(folder: Path, run_date: str) -> Published:
+    """Run the nightly flow on the demo inputs in folder for run_date."""
+    return nightly(NightlyParams(items_uri=str(folder / "items.parquet"),
+                                 interactions_uri=str(folder / "interactions.parquet"), run_date=run_date))
+
+
+def state() -> dict[str, object]:
+    """Return what must agree: warehouse latest, cache pointers and versions, rows per run, partitions per date."""
+    cfg = load_settings()
+    warehouse, lake = warehouse_for(cfg), lake_for(cfg)
+    latest = warehouse.latest_published()
+    try:
+        rows = dict(warehouse.query("SELECT run_id, count(*) FROM item_scores GROUP BY run_id").rows)
+        candidates = {r[0] for r in warehouse.query("SELECT DISTINCT run_id FROM user_candidates").rows}
+    except WarehouseMissing:  # before the first run
+        rows, candidates = {}, set()
+    with cache_for(cfg) as cache:
+        pointers = (cache.current(), cache.previous(), cache.versions())
+    glob = f"{lake.root}/outputs/item_scores/*/*.parquet"
+    written = list(Path(lake.root, "outputs", "item_scores").glob("*/*.parquet"))
+    sql = f"SELECT run_date::varchar, min(run_id) FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY 1"
+    partitions = dict(duckdb.sql(sql).fetchall()) if written else {}
+    return {"latest": latest.run_id if latest else None, "pointers": pointers, "rows": rows, "candidates": candidates,
+            "partitions": partitions}
+
+
+def block_serving_features() -> Path:
+    """Put a file where the serving features of the next run go, so publish-serving-features fails; return it."""
+    serving = Path(load_settings().lake_root) / "serving"
+    if serving.exists():
+        shutil.rmtree(serving)
+    serving.parent.mkdir(parents=True, exist_ok=True)
+    serving.write_text("serving features cannot be written under a file")
+    return serving
+
+
+@pytest.mark.parametrize("setup", ["first", "previous", "same-date"])
+@pytest.mark.parametrize("point", ["publish:before-commit", "publish:partitions", "serving-features"])
+def test_every_failure_point_leaves_warehouse_cache_and_lake_agreeing(
+        point: str, setup: str, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=5)
+    earlier = [run(folder, day) for day in DAYS[:2]] if setup != "first" else []
+    if setup == "same-date":
+        earlier.append(run(folder, DAYS[1]))  # the date's run the failed one will try to replace
+    before = state()
+    if point == "serving-features":
+        block_serving_features()
+    else:
+        monkeypatch.setenv("NIGHTSCORE_FAULT_FAIL_AT", point)
+
+    with pytest.raises(Exception):  # noqa: B017 - an injected OSError or the features step's own error
+        run(folder, DAYS[1] if setup == "same-date" else DAYS[2])
+
+    after = state()
+    statuses = dict(warehouse_for(load_settings()).query("SELECT run_id, status FROM scoring_runs").rows)
+    failed = [run_id for run_id, status in statuses.items() if status == "failed"]
+    assert len(failed) == 1 and failed[0] not in after["rows"] and failed[0] not in after["candidates"]  # type: ignore[operator]
+    assert after == before, f"{point} / {setup}: {after} != {before}"
+    latest, (current, previous, versions) = after["latest"], after["pointers"]  # type: ignore[misc]
+    assert current == latest and failed[0] not in versions
+    if setup == "previous":
+        assert (current, previous) == (earlier[1].run_id, earlier[0].run_id) and previous in versions
+    if setup == "same-date":  # the run it replaced is the date's published run again, rows, cache and partition
+        assert latest == earlier[2].run_id and after["partitions"][DAYS[1]] == earlier[2].run_id  # type: ignore[index]
+
+
+def test_publishing_an_older_run_date_never_moves_latest_or_the_cache_back(tiny: Path, tmp_path: Path) -> None:
+    folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=6)
+    newer = run(folder, "2026-12-01")
+    older = run(folder, "2026-11-30")  # a backfill of the day before
+
+    cfg = load_settings()
+    warehouse = warehouse_for(cfg)
+    assert older.record.status == "published"
+    assert warehouse.query("SELECT run_id FROM latest_run").rows == [(newer.run_id,)]
+    assert warehouse.query("SELECT DISTINCT run_id FROM latest_item_scores").rows == [(newer.run_id,)]
+    assert warehouse.query("SELECT count(*) FROM item_scores WHERE run_date = DATE '2026-11-30'").rows == [(120,)]
+    with cache_for(cfg) as cache:
+        assert cache.current() == newer.run_id and cache.previous() is None
+        assert cache.versions() == [newer.run_id]  # the older date's version is not kept for serving
+    assert state()["partitions"] == {"2026-11-30": older.run_id, "2026-12-01": newer.run_id}
+
+    again = run(folder, "2026-12-01")  # re-running the newest date makes it latest again, as before
+    assert warehouse.query("SELECT run_id FROM latest_run").rows == [(again.run_id,)]
+    with cache_for(cfg) as cache:
+        assert (cache.current(), cache.previous()) == (again.run_id, newer.run_id)
