@@ -41,7 +41,8 @@ def _read(lake: Lake, uri: str, dataset: str, columns: dict[str, pl.DataType]) -
 def check_inputs(lake: Lake, settings: Settings, items_uri: str, interactions_uri: str, now: datetime | None = None) -> InputCheck:
     """Return the row and dataset contract results for items and interactions files (nothing is written)."""
     now = now or datetime.now(timezone.utc)
-    rules = InputRules(not_after=now + timedelta(hours=settings.future_tolerance_hours), max_text_chars=settings.max_text_chars)
+    rules = InputRules(not_after=now + timedelta(hours=settings.future_tolerance_hours), max_text_chars=settings.max_text_chars,
+                       duplicate_policy=settings.duplicate_id_policy)
     raw_items = _read(lake, items_uri, "items", ITEM_COLUMNS)
     raw_inter = _read(lake, interactions_uri, "interactions", INTERACTION_COLUMNS)
     items, q_items = validate_items(raw_items, rules, items_uri)
