@@ -1,0 +1,37 @@
+"""Pooling and normalisation of hidden states: shared by every backend, always computed in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the mean of hidden states over positions where mask is 1."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def max_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the element-wise max of hidden states over real positions (padding never wins)."""
+    padded = mask.unsqueeze(-1) == 0
+    return hidden.masked_fill(padded, torch.finfo(hidden.dtype).min).amax(dim=1)
+
+
+def pool(hidden: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray, mode: str, normalize: bool) -> np.ndarray:
+    """Return float32 sentence vectors of one batch: pooled by mode (mean, cls, max), then L2-normalised if asked."""
+    states = torch.as_tensor(hidden).float()
+    weights = torch.as_tensor(mask).to(states.device)
+    if weights.shape[1] != states.shape[1]:  # a backend that trims trailing padding returns fewer positions
+        weights = weights[:, : states.shape[1]]
+    if mode == "mean":
+        vectors = mean_pool(states, weights)
+    elif mode == "cls":
+        vectors = states[:, 0]
+    elif mode == "max":
+        vectors = max_pool(states, weights)
+    else:
+        raise ValueError(f"unknown pooling mode {mode!r}")
+    if normalize:
+        vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+    return vectors.cpu().numpy().astype(np.float32, copy=False)
