@@ -73,6 +73,6 @@ def require_floor(mode: str, measured: Fidelity, floor: float) -> None:
     """Raise FidelityRefused naming the floor and the measured cosine when measured.min is under floor."""
     if measured.min < floor:
         raise FidelityRefused(
-            f"mode {mode} refused: min cosine to torch fp32 is {measured.min:.4f} on the probe texts "
-            f"(p1 {measured.p1:.4f}, mean {measured.mean:.5f}), under its floor {floor}"
+            f"mode {mode} refused: min cosine to torch fp32 is {measured.min:.6f} on the probe texts "
+            f"(p1 {measured.p1:.6f}, mean {measured.mean:.6f}), under its floor {floor}"
         )

@@ -68,6 +68,26 @@ class Settings(BaseSettings):
         [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."
     )
     shard_size: int = Field(1024, ge=1, description="Rows per shard (the unit of scheduling and checkpointing).")
+    # Engine backends and `auto` (issue 16): models/ takes these through EncoderSpec, never from the environment.
+    model: str | None = Field(
+        None, description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
+        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2."
+    )
+    backend: Literal["auto", "torch", "openvino"] = Field(
+        "auto", description="auto: chosen with precision and token budget by a short calibration at warm-up, "
+        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused."
+    )
+    fidelity_floor_float: float = Field(
+        0.999, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for float modes (bf16, fp16, fp32 elsewhere)."
+    )
+    fidelity_floor_int8: float = Field(0.99, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for int8.")
+    calibration_budgets: list[int] | None = Field(
+        None, description="Token budgets auto tries. Default 1024/2048/4096 on CPU, 16k-128k on CUDA; token_budget pins one."
+    )
+    recalibrate: bool = Field(False, description="Ignore the persisted calibration and measure again (then persist).")
+    engine_cache_dir: Path | None = Field(
+        None, description="Converted models (by model digest, backend, precision) and calibrations. Default <home>/engine."
+    )
 
     # --- scoring ---------------------------------------------------------------------------
     topic_labels: dict[str, str] = Field(

@@ -154,3 +154,39 @@ def test_oom_on_a_single_row_is_raised(tiny: TextEncoder, monkeypatch: pytest.Mo
     monkeypatch.setattr(tiny, "embed", always_oom)
     with pytest.raises(torch.OutOfMemoryError):
         encode_texts(tiny, TEXTS[:3])
+
+
+def test_length_multiple_pads_batches_and_counts_the_padding(tiny: TextEncoder) -> None:
+    expected, plain = encode_texts(tiny, TEXTS, token_budget=256)
+    tiny.backend.length_multiple = 16
+    try:
+        ids, mask = tiny.collate([[101, 7, 102], [101, 102]])
+        assert ids.shape == mask.shape == (2, 16)
+        assert int(mask.sum()) == 5 and bool((ids[mask == 0] == tiny.pad_id).all())
+        out, stats = encode_texts(tiny, TEXTS, token_budget=256)
+    finally:
+        tiny.backend.length_multiple = 1
+    assert stats.padded_tokens % 16 == 0 and stats.padded_tokens > plain.padded_tokens
+    assert np.all(cos_rows(out, expected) >= 0.9999)  # padding is masked out: the vectors do not move
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_pooling_modes_ignore_padding(mode: str) -> None:
+    from models.pooling import pool
+
+    hidden = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    expected = {"mean": [2.0, 2.0], "cls": [1.0, 5.0], "max": [3.0, 5.0]}[mode]
+    np.testing.assert_allclose(pool(hidden, mask, mode, normalize=False)[0], expected)
+    unit = pool(hidden, mask, mode, normalize=True)[0]
+    np.testing.assert_allclose(unit, np.asarray(expected) / np.linalg.norm(expected), rtol=1e-6)
+
+
+def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path) -> None:
+    from models.encoder import spec_version
+
+    spec = EncoderSpec(kind="tiny", cache_dir=str(tmp_path))
+    encoder = get_encoder(spec)
+    assert (encoder.backend.name, encoder.backend.precision, encoder.calibration) == ("torch", "fp32", None)
+    assert spec_version(spec) == encoder.version == "tiny-bert-random@seed0"
+    assert not (tmp_path / "calibration").exists()
