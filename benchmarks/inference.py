@@ -352,6 +352,10 @@ def target_lines(results: dict[str, Result], floor: float, best: str | None) -> 
     pad = e.real_tokens / max(e.padded_tokens, 1)
     checks = [(f"engine(auto) / sentence_transformers_best [{best}] at floor {floor}", best, 1.5),
               ("engine(auto) / ceiling (packed, same mode)", "ceiling", 0.9), ("engine(auto) / naive", "naive", 4.0)]
+    same = {"fp32": "sentence_transformers", "bf16": "st_torch_bf16", "fp16": "st_torch_fp16", "int8": "st_onnx_int8"}
+    if e.precision in same:
+        checks.insert(1, (f"engine(auto) / sentence-transformers in the same precision [{same[e.precision]}]",
+                          same[e.precision], 1.5))
     lines = []
     for label, other, goal in checks:
         if other in results and results[other].seconds > 0:
@@ -374,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-dir", default=None, help="a sentence-transformers folder (default: the packaged MiniLM)")
     parser.add_argument("--cache-dir", default=None, help="engine conversions/calibration (default: a fresh temp folder)")
     parser.add_argument("--st-python", default="auto", help="python of the ST venv (auto: benchmarks/st_env.sh builds it)")
+    parser.add_argument("--calibration-budgets", default=None, help="token budgets auto tries (default: the device's)")
     parser.add_argument("--st-batch-sizes", default=None, help="ST batch sizes tried in order (default 32 on CPU; "
                         "32..1024 on CUDA: raised until it stops getting faster)")
     return parser.parse_args(argv)
@@ -424,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     texts = load_texts(args.texts, args.n)
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         cache = args.cache_dir or tmp
-        base = EncoderSpec(device=str(device), num_threads=threads, model_path=args.model_dir, cache_dir=cache)
+        budgets = tuple(int(b) for b in args.calibration_budgets.split(",")) if args.calibration_budgets else None
+        base = EncoderSpec(device=str(device), num_threads=threads, model_path=args.model_dir, cache_dir=cache,
+                           calibration_budgets=budgets)
         reference = load_encoder(EncoderSpec(device=str(device), precision="fp32", backend="torch", num_threads=threads,
                                              model_path=args.model_dir))
         auto = load_encoder(base)

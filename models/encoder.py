@@ -32,7 +32,8 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 TINY_SEED = 0
 TINY_NAME = "tiny-bert-random"
 
-__all__ = ["EncoderSpec", "TextEncoder", "get_encoder", "spec_version", "embedding_dim", "load_tokenizer",
+__all__ = ["EncoderSpec", "TextEncoder", "get_encoder", "spec_version", "resolve_spec", "embedding_dim",
+           "tokenizer_for", "load_tokenizer",
            "model_dir", "model_info", "resolve_device", "configure_threads", "mean_pool", "MODEL_NAME"]
 
 
@@ -56,6 +57,7 @@ class EncoderSpec:
     token_budget: int | None = None  # None: auto's calibrated budget (or the device default)
     calibration_budgets: tuple[int, ...] | None = None  # None: the device's candidate budgets
     recalibrate: bool = False  # ignore a persisted calibration and measure again
+    length_multiple: int = 1  # pinned modes: pad batch lengths to a multiple (resolve_spec carries auto's choice)
 
 
 def model_dir(override: str | None = None) -> Path:
@@ -96,6 +98,12 @@ def model_info(spec: EncoderSpec) -> ModelInfo:
 def embedding_dim(spec: EncoderSpec) -> int:
     """Return the width of the vectors a spec produces, read from the model's config (no weights loaded)."""
     return model_info(spec).dim
+
+
+def tokenizer_for(spec: EncoderSpec) -> Tokenizer:
+    """Return the tokenizer of the spec's model (no padding, no truncation; cut to model_info(spec).max_seq_length)."""
+    info = model_info(spec)
+    return load_tokenizer(info.max_seq_length, None if spec.kind == "tiny" else str(info.path))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -311,6 +319,7 @@ def _load_pinned(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, to
         backend = load_backend(backend_name, _request(spec, info, module, precision, device, threads, tokenizer))
     except BackendUnavailable as exc:
         raise UsageError(f"backend {backend_name} precision {precision} cannot run here: {exc}") from exc
+    backend.length_multiple = spec.length_multiple
     encoder = TextEncoder(info, tokenizer, backend, device, budget)
     if (backend_name, precision) != ("torch", "fp32"):
         reference = TextEncoder(info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)),
@@ -359,3 +368,23 @@ def spec_version(spec: EncoderSpec) -> str:
     if mode is not None and spec not in _CACHE:
         return vector_version(info, mode)
     return get_encoder(spec).version
+
+
+def resolve_spec(spec: EncoderSpec) -> EncoderSpec:
+    """Return the spec with auto's choice pinned (backend, precision, token budget, length multiple).
+
+    Call it once where the run is planned and hand the result to every shard worker: a worker then loads
+    exactly the planned mode (same vector version) whatever its own cache folder holds, and never calibrates.
+    A spec that does not calibrate comes back with its autos replaced by the fixed default.
+    """
+    device = resolve_device(spec.device)
+    if not _calibrates(spec):
+        backend, precision = _pinned(spec, device)
+        return replace(spec, backend=backend, precision=precision)
+    from models.calibration import persisted_mode
+
+    mode = None if spec.recalibrate else persisted_mode(spec, model_info(spec), device, configure_threads(spec.num_threads))
+    if mode is None or spec in _CACHE:
+        mode = get_encoder(spec).mode
+    return replace(spec, backend=mode.backend, precision=mode.precision, token_budget=mode.token_budget,
+                   length_multiple=mode.length_multiple, recalibrate=False)

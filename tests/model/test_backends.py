@@ -178,3 +178,19 @@ def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_p
     (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_sqrt_len_tokens": True}))
     with pytest.raises(ModelLoadError, match="pooling"):
         read_model_info(path)
+
+
+def test_resolve_spec_pins_autos_choice_for_shard_workers(folders: dict[str, Path], tmp_path: Path) -> None:
+    from models.encoder import resolve_spec
+
+    spec = EncoderSpec(device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path),
+                       calibration_budgets=(256, 1024))
+    chosen = load_encoder(spec)
+    pinned = resolve_spec(spec)
+    assert (pinned.backend, pinned.precision, pinned.token_budget, pinned.length_multiple) == (
+        chosen.backend.name, chosen.backend.precision, chosen.token_budget, chosen.backend.length_multiple)
+    # A worker with another (empty) cache folder loads the same mode and version, and does not calibrate.
+    worker = load_encoder(EncoderSpec(**{**pinned.__dict__, "cache_dir": str(tmp_path / "elsewhere")}))
+    assert (worker.mode, worker.version, worker.calibration) == (chosen.mode, chosen.version, None)
+    assert spec_version(pinned) == chosen.version
+    assert not (tmp_path / "elsewhere" / "calibration").exists()
