@@ -180,6 +180,8 @@ def test_pooling_modes_ignore_padding(mode: str) -> None:
     np.testing.assert_allclose(pool(hidden, mask, mode, normalize=False)[0], expected)
     unit = pool(hidden, mask, mode, normalize=True)[0]
     np.testing.assert_allclose(unit, np.asarray(expected) / np.linalg.norm(expected), rtol=1e-6)
+    # numpy hidden states (OpenVINO's) take the numpy path: same numbers
+    np.testing.assert_allclose(pool(hidden.numpy(), mask.numpy(), mode, normalize=True)[0], unit, rtol=1e-6)
 
 
 def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path) -> None:
@@ -190,3 +192,17 @@ def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path) -> 
     assert (encoder.backend.name, encoder.backend.precision, encoder.calibration) == ("torch", "fp32", None)
     assert spec_version(spec) == encoder.version == "tiny-bert-random@seed0"
     assert not (tmp_path / "calibration").exists()
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_numpy_and_torch_pooling_agree_on_random_batches(mode: str, normalize: bool) -> None:
+    from models.pooling import pool
+
+    rng = np.random.default_rng(3)
+    hidden = rng.normal(size=(7, 11, 16)).astype(np.float32)
+    lengths = rng.integers(1, 12, size=7)
+    mask = (np.arange(11)[None, :] < lengths[:, None]).astype(np.int64)
+    a = pool(torch.from_numpy(hidden), torch.from_numpy(mask), mode, normalize)
+    b = pool(hidden, mask, mode, normalize)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
