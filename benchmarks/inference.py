@@ -116,6 +116,19 @@ def matmul_gflops(device: torch.device, n: int = 2048, dtype: torch.dtype = torc
     return 2 * n**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
+def gemm_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 50) -> float:
+    """Return the CPU rate (GFLOP/s) of an m x k by k x n matmul in dtype, best of 3 rounds."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * m * k * n * repeats / best / 1e9
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -151,11 +164,17 @@ def run_engine(encoder: TextEncoder, texts: list[str]) -> Result:
 
 
 def run_ceiling(encoder: TextEncoder, texts: list[str]) -> Result:
-    """The same mode on fully packed 32 x 64 rows cut from the corpus's tokens: no padding at all."""
+    """The same mode on fully packed 32 x 64 rows cut from the corpus's tokens: no padding at all.
+
+    Timed like the engine's rows: tokenizing the texts counts (it is part of every engine pass), so the
+    ratio engine / ceiling is what padding and batch shapes cost, not what tokenizing costs.
+    """
+    started = time.perf_counter()
     ids, _ = encoder.tokenize(texts)
     stream = [t for row in ids for t in row]
     rows = [stream[i : i + 64] for i in range(0, len(stream) - 63, 64)]
     result = timed_batches(encoder, rows, [np.arange(i, min(i + 32, len(rows))) for i in range(0, len(rows), 32)])
+    result.seconds = time.perf_counter() - started
     result.texts, result.embeddings, result.precision = len(texts), None, encoder.backend.precision
     result.extra["packed_rows"] = len(rows)
     return result
@@ -286,31 +305,56 @@ def measure(runners: dict[str, Callable[[list[str]], Result]], texts: list[str],
     return out
 
 
-def run_st_env(args: argparse.Namespace, texts: list[str], lengths: np.ndarray, threads: int) -> dict[str, Result]:
-    """Return sentence-transformers' onnx / dynamic-int8 onnx / openvino rows, run in the benchmark's own venv."""
-    python = args.st_python
-    if python == "auto":
-        python = subprocess.run(["bash", str(ROOT / "benchmarks" / "st_env.sh")], check=True, capture_output=True,
-                                text=True).stdout.strip().splitlines()[-1]
-    results: dict[str, Result] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-st-") as tmp:
-        (Path(tmp) / "texts.json").write_text(json.dumps(texts))
-        cmd = [python, str(ROOT / "benchmarks" / "st_rows.py"), "--model", str(model_dir(args.model_dir)),
-               "--texts", f"{tmp}/texts.json", "--out", f"{tmp}/out", "--threads", str(threads),
-               "--repeats", str(args.repeats), "--batch-sizes", args.st_batch_sizes]
-        subprocess.run(cmd, check=True)
-        rows = json.loads((Path(tmp) / "out" / "rows.json").read_text())
-        versions = rows.pop("_versions", {})
-        for row, body in rows.items():
-            if "error" in body:
-                results[row] = Result(0.0, 0, 0, 0, note=f"failed: {body['error']}")
-                continue
-            vectors = np.load(Path(tmp) / "out" / f"{row}.npy")
-            results[row] = Result(body["seconds"], len(texts), int(lengths.sum()), st_padded(texts, lengths, body["batch_size"]),
-                                  vectors, passes=body["passes"], precision="int8" if "int8" in row else "float",
-                                  note=f"own venv: ST {versions.get('sentence_transformers')}, transformers "
-                                       f"{versions.get('transformers')}, batch {body['batch_size']}")
-    return results
+class StEnv:
+    """sentence-transformers' onnx / dynamic-int8 onnx / openvino rows, served by a process in the benchmark's own venv.
+
+    Each pass is one command to that process, so these rows interleave with the in-process rows pass by
+    pass (same texts, same machine, same noise) instead of running apart after them.
+    """
+
+    def __init__(self, args: argparse.Namespace, texts: list[str], lengths: np.ndarray, threads: int, folder: Path) -> None:
+        python = args.st_python
+        if python == "auto":
+            python = subprocess.run(["bash", str(ROOT / "benchmarks" / "st_env.sh")], check=True, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1]
+        (folder / "texts.json").write_text(json.dumps(texts))
+        self.lengths, self.log = lengths, (folder / "st_rows.log").open("w")
+        self.proc = subprocess.Popen(
+            [python, str(ROOT / "benchmarks" / "st_rows.py"), "--serve", "--model", str(model_dir(args.model_dir)),
+             "--texts", str(folder / "texts.json"), "--out", str(folder / "out"), "--threads", str(threads),
+             "--batch-sizes", args.st_batch_sizes.split(",")[0]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        self.ready = self._answer()
+        v = self.ready["versions"]
+        self.note = f"own venv: ST {v['sentence_transformers']}, transformers {v['transformers']}, optimum {v['optimum']}"
+
+    def _answer(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the ST venv's process ended; see {self.log.name}")
+        return json.loads(line)
+
+    def runner(self, row: str) -> Callable[[list[str]], Result]:
+        """Return a runner that asks the process for one timed pass of row over the first len(texts) texts."""
+        def run(texts: list[str]) -> Result:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f"{row} {len(texts)}\n")
+            answer = self._answer()
+            vectors = np.load(answer["npy"])
+            n = len(texts)
+            return Result(answer["seconds"], n, int(self.lengths[:n].sum()),
+                          st_padded(texts, self.lengths[:n], int(self.ready["batch_size"])), vectors,
+                          precision="int8" if "int8" in row else "float", note=f"{self.note}, batch {self.ready['batch_size']}")
+        return run
+
+    def close(self) -> None:
+        """Stop the process."""
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        self.log.close()
 
 
 def add_fidelity(results: dict[str, Result], reference: np.ndarray) -> None:
@@ -385,7 +429,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_runners(args: argparse.Namespace, reference: TextEncoder, auto: TextEncoder, pinned: dict[str, TextEncoder],
-                  lengths: np.ndarray, threads: int) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
+                  lengths: np.ndarray, threads: int, st_env: StEnv | None) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
     """Return (mode -> runner, mode -> note) for the modes asked for, in table order."""
     modes, notes = args.modes.split(","), {}
     runners: dict[str, Callable[[list[str]], Result]] = {}
@@ -399,6 +443,12 @@ def build_runners(args: argparse.Namespace, reference: TextEncoder, auto: TextEn
         runners["st_torch_bf16"] = make_st_torch(path, reference.device, lengths, torch.bfloat16, sizes)
     if "st_torch_bf16" in modes and reference.device.type == "cuda":
         runners["st_torch_fp16"] = make_st_torch(path, reference.device, lengths, torch.float16, sizes)
+    if st_env is not None:
+        for row in ST_ENV_ROWS:
+            if row in st_env.ready["ready"]:
+                runners[row] = st_env.runner(row)
+            else:
+                notes[row] = f"failed to load: {st_env.ready['load'].get(row)}"
     if "ray_data" in modes:
         ray = make_ray_data(threads, str(path))
         if ray is None:
@@ -439,12 +489,16 @@ def main(argv: list[str] | None = None) -> int:
             if "engine_modes" in args.modes.split(",") else ({}, {})
         ids, _ = reference.tokenize(texts)
         lengths = np.array([len(x) for x in ids])
-        runners, notes = build_runners(args, reference, auto, pinned, lengths, threads)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        results = measure(runners, texts, args.repeats)
-        if "st_env" in args.modes.split(",") and device.type == "cpu" and args.st_python != "none":
-            results.update(run_st_env(args, texts, lengths, threads))
+        use_st_env = "st_env" in args.modes.split(",") and device.type == "cpu" and args.st_python != "none"
+        st_env = StEnv(args, texts, lengths, threads, Path(tmp)) if use_st_env else None
+        try:
+            runners, notes = build_runners(args, reference, auto, pinned, lengths, threads, st_env)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            results = measure(runners, texts, args.repeats)
+        finally:
+            if st_env is not None:
+                st_env.close()
         report(args, results, {**notes, **pinned_notes}, reference, auto, texts, lengths, device, threads)
     return 0
 
@@ -464,9 +518,13 @@ def report(args: argparse.Namespace, results: dict[str, Result], notes: dict[str
     print(cpu_flags())
     print(f"{len(texts)} texts, {int(lengths.sum())} real tokens (median {int(np.median(lengths))}, p90 "
           f"{int(np.percentile(lengths, 90))}), device {device}, {threads} threads, torch {torch.__version__}, "
-          f"{args.repeats} interleaved passes, median kept")
+          f"{args.repeats} interleaved passes, median kept; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     yardstick = "bf16 torch.mm 8192^3" if device.type == "cuda" else "fp32 torch.mm 2048^3"
     print(f"dense {yardstick}: {mm:.1f} GFLOP/s; fidelity = cosine to the engine's torch fp32 (= sentence-transformers fp32)")
+    if device.type == "cpu" and unavailable_reason("torch", "bf16", device) is None:
+        _, width, ffn = model_shape(model_dir(args.model_dir))
+        print(f"bf16 GEMM on the encoder's FFN shape (2048x{width}x{ffn}, torch/oneDNN): "
+              f"{gemm_gflops(2048, width, ffn, torch.bfloat16):.1f} GFLOP/s (the compute bound of every bf16 row)")
     cal = auto.calibration
     if cal is not None:
         print(f"auto chose {cal.mode.label} (min cos {cal.fidelity.min:.5f}) in {cal.seconds:.1f}s of calibration (apart):")

@@ -1,11 +1,13 @@
 """sentence-transformers' onnx / openvino rows of the inference benchmark, run inside its own venv (st_env.sh).
 
 Called by benchmarks/inference.py as a subprocess with the same texts and threads; imports nothing of
-nightscore (its pins would not load here). Writes <out>/<row>.npy (embeddings) and <out>/rows.json
-(median and all pass times, batch size, load seconds, versions). Usage:
+nightscore (its pins would not load here). With --serve it loads every row, prints one JSON line
+{"ready": [...]} and then runs one timed pass per command read from stdin ("ROW N": encode the first N
+texts, answer {"row", "seconds", "npy"}), so the caller interleaves these rows with its own passes in one
+run. Without --serve it times --repeats passes of each row by itself and writes <out>/rows.json. Usage:
 
     build/st-venv/bin/python benchmarks/st_rows.py --model DIR --texts TEXTS.json --out DIR [--threads 2] \
-        [--repeats 3] [--rows st_onnx,st_onnx_int8,st_openvino] [--batch-sizes 32]
+        [--repeats 3] [--rows st_onnx,st_onnx_int8,st_openvino] [--batch-sizes 32] [--serve]
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--batch-sizes", default="32")
+    p.add_argument("--serve", action="store_true", help="answer 'ROW N' commands on stdin, one timed pass each")
     args = p.parse_args(argv)
     import numpy as np
     import torch
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, object]] = {}
+    if args.serve:
+        return serve(args, texts, out)
     with tempfile.TemporaryDirectory(prefix="st-rows-") as tmp:
         scratch = Path(tmp)
         model = scratch / "model"
@@ -105,6 +110,43 @@ def main(argv: list[str] | None = None) -> int:
     results["_versions"] = {"sentence_transformers": sentence_transformers.__version__, "transformers": transformers.__version__,
                             "optimum": optimum.version.__version__, "torch": torch.__version__}
     (out / "rows.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def serve(args: argparse.Namespace, texts: list[str], out: Path) -> int:
+    """Load every row, then answer one timed pass per stdin command until EOF or 'quit'; return 0."""
+    import numpy as np
+
+    batch = int(args.batch_sizes.split(",")[0])
+    models, loaded = {}, {}
+    with tempfile.TemporaryDirectory(prefix="st-rows-") as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(args.model, scratch / "model")
+        for row in args.rows.split(","):
+            started = time.perf_counter()
+            try:
+                models[row] = load_row(row, scratch / "model", scratch, args.threads)
+                loaded[row] = round(time.perf_counter() - started, 2)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller, which notes it in the table
+                loaded[row] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        import optimum.version
+        import sentence_transformers
+        import transformers
+
+        versions = {"sentence_transformers": sentence_transformers.__version__, "transformers": transformers.__version__,
+                    "optimum": optimum.version.__version__}
+        print(json.dumps({"ready": [r for r in models], "load": loaded, "versions": versions, "batch_size": batch}), flush=True)
+        for line in sys.stdin:
+            if line.strip() in ("", "quit"):
+                break
+            row, n = line.split()
+            started = time.perf_counter()
+            vectors = models[row].encode(texts[: int(n)], batch_size=batch, normalize_embeddings=True,
+                                         convert_to_numpy=True, show_progress_bar=False)
+            seconds = time.perf_counter() - started
+            npy = out / f"{row}.npy"
+            np.save(npy, np.asarray(vectors, dtype=np.float32))
+            print(json.dumps({"row": row, "seconds": seconds, "npy": str(npy)}), flush=True)
     return 0
 
 

@@ -198,7 +198,8 @@ class TextEncoder:
 
     def tokenize(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
         """Return (token ids truncated to max_length, untruncated lengths) for each text."""
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets: ~15% faster
+        encodings = encode(texts, add_special_tokens=True)
         full = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         limit = self.max_length
         ids = [e.ids if len(e.ids) <= limit else e.ids[: limit - 1] + e.ids[-1:] for e in encodings]

@@ -206,3 +206,19 @@ def test_numpy_and_torch_pooling_agree_on_random_batches(mode: str, normalize: b
     a = pool(torch.from_numpy(hidden), torch.from_numpy(mask), mode, normalize)
     b = pool(hidden, mask, mode, normalize)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_float() -> None:
+    from models.calibration import Mode, Trial, choose
+    from models.precision import Fidelity
+
+    def trial(backend: str, precision: str, budget: int, multiple: int, speed: float, cos: float) -> Trial:
+        floor = 0.99 if precision == "int8" else 0.999
+        return Trial(Mode(backend, precision, budget, multiple), floor, Fidelity(cos, cos, cos), speed)
+
+    fast_pad = trial("openvino", "bf16", 1024, 16, 103.0, 0.9999)
+    plain = trial("openvino", "bf16", 2048, 1, 100.0, 0.9999)
+    int8 = trial("openvino", "int8", 2048, 1, 101.0, 0.995)
+    assert choose([fast_pad, plain, int8]) is plain  # all within 5%: no extra padding, then float
+    clear_win = trial("openvino", "int8", 4096, 1, 120.0, 0.995)
+    assert choose([fast_pad, plain, int8, clear_win]) is clear_win  # 20% faster is not noise
