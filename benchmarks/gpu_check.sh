@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 mode="${1:-run}"
 dry=0
 [[ "${2:-}" == "--dry-run" || "${1:-}" == "--dry-run" ]] && dry=1 && mode=run
-PY="${PY:-.venv/bin/python}"
+# The project's venv where there is one; the GPU host's own python3 otherwise (it holds torch; nothing can be
+# fetched there, so missing packages must be carried as wheels -- see the device README).
+if [[ -z "${PY:-}" ]]; then [[ -x .venv/bin/python ]] && PY=.venv/bin/python || PY=python3; fi
 
 if [[ "$mode" == "prepare" ]]; then
   set -e
