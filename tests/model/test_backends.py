@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from models.backends.registry import BACKENDS, unavailable_reason
+from models.calibration import TIE
 from models.encoder import EncoderSpec, embedding_dim, get_encoder, load_encoder, model_info, spec_version
 from models.engine import encode_texts
 from models.precision import FidelityRefused
@@ -123,8 +124,8 @@ def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Pa
     table = record["calibration_candidates"]
     assert {row["mode"].split("@")[0] for row in table} >= {"torch/fp32"}
     chosen = [row for row in table if row["mode"] == first.mode.label]
-    assert chosen and chosen[0]["tokens_per_s"] == max(r["tokens_per_s"] for r in table
-                                                       if r["fidelity"] and r["fidelity"]["min"] >= r["floor"])
+    fastest = max(r["tokens_per_s"] for r in table if r["fidelity"] and r["fidelity"]["min"] >= r["floor"])
+    assert chosen and chosen[0]["tokens_per_s"] >= fastest * (1 - TIE)  # the fastest, or tied with it (within TIE)
     files = list((tmp_path / "calibration").glob("*/*.json"))
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
