@@ -1,10 +1,12 @@
-"""Inference benchmark: nightscore's engine side by side with what a user would pick instead.
+"""Inference benchmark: nightscore's engine (auto and every backend) beside sentence-transformers at its best.
 
-One run, same texts, same threads. Prints one table (texts/s, real tokens/s, padding efficiency,
-achieved GFLOP/s and its share of the machine's dense matmul rate) and the ratios the issue asks for,
-then per-precision fidelity. Usage:
+One run, same texts, same threads, warm, `--repeats` interleaved passes, median. Prints the CPU flags,
+one table (texts/s, real tokens/s, padding efficiency, fidelity min/p1/mean cosine to torch fp32,
+achieved GFLOP/s and its share of the dense matmul yardstick) and the targets of issue 16 as ratios.
+sentence-transformers' onnx / dynamic-int8 onnx / openvino rows need optimum, which does not load beside
+our transformers: they run in the benchmark's own venv (benchmarks/st_env.sh) as a subprocess, same texts.
 
-    python benchmarks/inference.py [--texts PATH] [--n 2000] [--json OUT] [--repeats 2] [--modes ...]
+    python benchmarks/inference.py [--texts PATH] [--n 2000] [--json OUT] [--repeats 3] [--modes ...]
 
 PATH is a Parquet file with a `text` column; by default the demo items (title + "\\n" + body).
 """
@@ -15,7 +17,9 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,17 +30,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.encoder import EncoderSpec, TextEncoder, configure_threads, model_dir, resolve_device  # noqa: E402
+from models.backends.registry import BACKENDS, unavailable_reason  # noqa: E402
+from models.calibration import CPU_FLAGS  # noqa: E402
+from models.encoder import EncoderSpec, TextEncoder, configure_threads, load_encoder, model_dir, resolve_device  # noqa: E402
 from models.engine import encode_texts  # noqa: E402
-from models.precision import FIDELITY_FLOOR, fidelity, quantize_int8  # noqa: E402
+from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for  # noqa: E402
 
 log = logging.getLogger("bench")
-ALL_MODES = ["naive", "sentence_transformers", "ray_data", "engine", "ceiling"]
+ALL_MODES = ["naive", "sentence_transformers", "st_torch_bf16", "st_env", "ray_data", "engine_modes", "engine", "ceiling"]
+ST_ENV_ROWS = ("st_onnx", "st_onnx_int8", "st_openvino")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
 class Result:
-    """One mode's best timed pass."""
+    """One mode's timed passes (median kept) and what it computed."""
 
     seconds: float
     texts: int
@@ -44,7 +52,15 @@ class Result:
     padded_tokens: int
     embeddings: np.ndarray | None = None
     note: str = ""
+    passes: list[float] = field(default_factory=list)
+    fidelity: Fidelity | None = None
+    precision: str = "fp32"
     extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Return real tokens per second (0 for a row that did not run)."""
+        return self.real_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 def load_texts(path: str | None, n: int) -> list[str]:
@@ -52,7 +68,7 @@ def load_texts(path: str | None, n: int) -> list[str]:
     if path:
         import pyarrow.parquet as pq  # not polars: GPU hosts may lack it
 
-        texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t]
+        texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_list() if t]
     else:
         from data_contracts.inputs import item_text_expr
         from nightscore.demo_data import generate_items
@@ -61,11 +77,29 @@ def load_texts(path: str | None, n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def flops_per_text(lengths: np.ndarray, layers: int = 6, d: int = 384, ff: int = 1536) -> np.ndarray:
+def cpu_flags() -> str:
+    """Return the CPU model and which of the flags that matter here it has (and lacks)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    have = [f for f in CPU_FLAGS if f in flags]
+    lack = [f for f in CPU_FLAGS if f not in flags]
+    return f"CPU {model}, {os.cpu_count()} logical cores; flags: {' '.join(have) or '-'}; lacks: {' '.join(lack) or '-'}"
+
+
+def model_shape(path: Path) -> tuple[int, int, int]:
+    """Return (layers, width, FFN width) from the model's config.json."""
+    cfg = json.loads((path / "config.json").read_text())
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layers", 6))
+    width = cfg.get("hidden_size", cfg.get("dim", 384))
+    return int(layers), int(width), int(cfg.get("intermediate_size", cfg.get("hidden_dim", 4 * width)))
+
+
+def flops_per_text(lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
     """Return the useful forward FLOPs of each text: dense layers per token + attention (QK^T, AV) per token pair."""
+    layers, d, ff = shape
     dense = 2 * (4 * d * d + 2 * d * ff) * layers * lengths
-    attention = 4 * d * layers * lengths.astype(np.float64) ** 2
-    return dense + attention
+    return dense + 4 * d * layers * lengths.astype(np.float64) ** 2
 
 
 def matmul_gflops(device: torch.device, n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 10) -> float:
@@ -79,6 +113,19 @@ def matmul_gflops(device: torch.device, n: int = 2048, dtype: torch.dtype = torc
         torch.mm(a, b)
     _sync(device)
     return 2 * n**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def gemm_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 50) -> float:
+    """Return the CPU rate (GFLOP/s) of an m x k by k x n matmul in dtype, best of 3 rounds."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * m * k * n * repeats / best / 1e9
 
 
 def _sync(device: torch.device) -> None:
@@ -96,66 +143,89 @@ def timed_batches(encoder: TextEncoder, ids: list[list[int]], batches: list[np.n
         out[rows] = encoder.embed(*encoder.collate([ids[i] for i in rows]))
         padded += len(rows) * max(len(ids[i]) for i in rows)
     _sync(encoder.device)
-    real = sum(len(x) for x in ids)
-    return Result(time.perf_counter() - started, len(ids), real, padded, out)
+    return Result(time.perf_counter() - started, len(ids), sum(len(x) for x in ids), padded, out)
 
 
 def run_naive(encoder: TextEncoder, texts: list[str]) -> Result:
-    """HF model, batch 32 in input order, padded to each batch's longest."""
-    ids, _ = encoder.tokenize(texts)
+    """HF model, batch 32 in input order, padded to each batch's longest (tokenization counted)."""
     started = time.perf_counter()
+    ids, _ = encoder.tokenize(texts)
     result = timed_batches(encoder, ids, [np.arange(i, min(i + 32, len(ids))) for i in range(0, len(ids), 32)])
-    result.seconds = time.perf_counter() - started  # tokenization counts too
+    result.seconds = time.perf_counter() - started
     return result
 
 
 def run_engine(encoder: TextEncoder, texts: list[str]) -> Result:
-    """nightscore's engine with its defaults (global length plan, token budget)."""
+    """The engine in the encoder's mode (its own token budget and length multiple)."""
     vectors, stats = encode_texts(encoder, texts)
-    return Result(stats.seconds, stats.texts, stats.real_tokens, stats.padded_tokens, vectors, extra={"batches": stats.batches})
+    return Result(stats.seconds, stats.texts, stats.real_tokens, stats.padded_tokens, vectors,
+                  precision=encoder.backend.precision, extra={"batches": stats.batches})
 
 
 def run_ceiling(encoder: TextEncoder, texts: list[str]) -> Result:
-    """The same model on fully packed 32 x 64 shapes built from the corpus tokens: no padding at all."""
+    """The same mode on fully packed 32 x 64 rows cut from the corpus's tokens: no padding at all.
+
+    Timed like the engine's rows: tokenizing the texts counts (it is part of every engine pass), so the
+    ratio engine / ceiling is what padding and batch shapes cost, not what tokenizing costs.
+    """
+    started = time.perf_counter()
     ids, _ = encoder.tokenize(texts)
     stream = [t for row in ids for t in row]
     rows = [stream[i : i + 64] for i in range(0, len(stream) - 63, 64)]
-    batches = [np.arange(i, min(i + 32, len(rows))) for i in range(0, len(rows), 32)]
-    result = timed_batches(encoder, rows, batches)
-    result.texts = len(texts)  # about the corpus's token volume, reported per corpus text
-    result.embeddings = None
-    result.extra["flops"] = float(flops_per_text(np.full(len(rows), 64)).sum())
-    result.extra["tokens_scale"] = result.real_tokens
+    result = timed_batches(encoder, rows, [np.arange(i, min(i + 32, len(rows))) for i in range(0, len(rows), 32)])
+    result.seconds = time.perf_counter() - started
+    result.texts, result.embeddings, result.precision = len(texts), None, encoder.backend.precision
+    result.extra["packed_rows"] = len(rows)
     return result
 
 
-def make_sentence_transformers(encoder: TextEncoder) -> Callable[[list[str]], Result]:
-    """Return a runner of SentenceTransformer.encode(batch_size=32) on the same model files."""
+def st_padded(texts: list[str], lengths: np.ndarray, batch_size: int) -> int:
+    """Return the token slots sentence-transformers computes: texts sorted by character length, batch_size each."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    return int(sum(len(b) * int(lengths[b].max()) for b in np.array_split(order, range(batch_size, len(order), batch_size))))
+
+
+def make_st_torch(path: Path, device: torch.device, lengths: np.ndarray, dtype: torch.dtype | None,
+                  batch_sizes: list[int]) -> Callable[[list[str]], Result]:
+    """Return a runner of SentenceTransformer.encode (torch; dtype bf16/fp16 casts the weights) at its best batch size."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(model_dir(encoder.model_path)), device=str(encoder.device))
+    kwargs = {"model_kwargs": {"torch_dtype": dtype}} if dtype is not None else {}
+    model = SentenceTransformer(str(path), device=str(device), **kwargs)
+    chosen = {"batch": batch_sizes[0]}
+
+    def once(texts: list[str], batch: int) -> Result:
+        _sync(device)
+        started = time.perf_counter()
+        vectors = model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        _sync(device)
+        return Result(time.perf_counter() - started, len(texts), int(lengths[: len(texts)].sum()),
+                      st_padded(texts, lengths[: len(texts)], batch), vectors.astype(np.float32))
 
     def run(texts: list[str]) -> Result:
-        ids, _ = encoder.tokenize(texts)
-        lengths = np.array([len(x) for x in ids])
-        order = np.argsort([-len(t) for t in texts], kind="stable")  # ST sorts by character length
-        padded = sum(len(b) * int(lengths[b].max()) for b in np.array_split(order, range(32, len(order), 32)))
-        _sync(encoder.device)
-        started = time.perf_counter()
-        vectors = model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
-                               show_progress_bar=False)
-        _sync(encoder.device)
-        return Result(time.perf_counter() - started, len(texts), int(lengths.sum()), padded, vectors.astype(np.float32))
+        if len(batch_sizes) > 1 and len(texts) == len(lengths) and "searched" not in chosen:
+            chosen.update(batch=_best_batch(once, texts, batch_sizes), searched=1)
+        result = once(texts, int(chosen["batch"]))
+        result.note = f"batch_size {chosen['batch']}"
+        return result
 
     return run
 
 
-def make_ray_data(threads: int) -> tuple[Callable[[list[str]], Result], float] | None:
-    """Return (runner, Ray start-up seconds) of the standard Ray Data pattern, or None without Ray.
+def _best_batch(once: Callable[[list[str], int], Result], texts: list[str], sizes: list[int]) -> int:
+    """Return the batch size after which sentence-transformers stops getting faster (raised in order)."""
+    best, best_s = sizes[0], once(texts, sizes[0]).seconds
+    for size in sizes[1:]:
+        seconds = once(texts, size).seconds
+        if seconds >= best_s * 0.97:
+            break
+        best, best_s = size, seconds
+    log.info("sentence-transformers batch size: %d (%.2fs)", best, best_s)
+    return best
 
-    map_batches with a callable class that loads the HF model once, batch 32 in input order, one
-    actor. Timing starts when the first batch comes out (steady state: actor and model loaded).
-    """
+
+def make_ray_data(threads: int, path: str) -> tuple[Callable[[list[str]], Result], float] | None:
+    """Return (runner, Ray start-up seconds) of the standard Ray Data pattern (batch 32, one actor), or None."""
     try:
         import ray
     except ImportError:
@@ -163,7 +233,6 @@ def make_ray_data(threads: int) -> tuple[Callable[[list[str]], Result], float] |
     started = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
     startup = time.perf_counter() - started
-    path = str(model_dir())
 
     class Embedder:
         def __init__(self) -> None:
@@ -183,61 +252,160 @@ def make_ray_data(threads: int) -> tuple[Callable[[list[str]], Result], float] |
                     "padded": np.full(len(pooled), enc["attention_mask"].shape[1])}
 
     def run(texts: list[str]) -> Result:
-        ds = ray.data.from_items([{"text": t} for t in texts]).map_batches(
-            Embedder, batch_size=32, concurrency=1, batch_format="numpy")
-        first_at, count, real, padded, vectors = None, 0, 0, 0, []
+        ds = ray.data.from_items([{"text": t} for t in texts]).map_batches(Embedder, batch_size=32, concurrency=1, batch_format="numpy")
+        first_at, count, real, padded = None, 0, 0, 0
         for batch in ds.iter_batches(batch_size=32, batch_format="numpy"):
             if first_at is None:
                 first_at = time.perf_counter()
                 continue
             count, real, padded = count + len(batch["tokens"]), real + int(batch["tokens"].sum()), padded + int(batch["padded"].sum())
-            vectors.append(batch["embedding"])
-        return Result(time.perf_counter() - first_at, count, real, padded, None)
+        return Result(time.perf_counter() - (first_at or time.perf_counter()), count, real, padded, None)
 
     return run, startup
 
 
-def int8_encoder(reference: TextEncoder) -> TextEncoder:
-    """Return an int8 (dynamically quantized) twin of an fp32 encoder, without the fidelity guard."""
-    twin = TextEncoder(reference.model, reference.tokenizer, EncoderSpec(), reference.version + "+int8")
-    twin.model = quantize_int8(reference.model)
-    return twin
+def engine_encoders(args: argparse.Namespace, device: torch.device, threads: int, budget: int,
+                    cache: str) -> tuple[dict[str, TextEncoder], dict[str, str]]:
+    """Return (row -> pinned engine encoder, row -> skip/refusal note) for every backend x precision here."""
+    precisions = ("bf16", "fp16", "fp32") if device.type == "cuda" else ("fp32", "bf16", "int8")
+    encoders, notes = {}, {}
+    for backend in BACKENDS:
+        for precision in precisions:
+            row = f"engine[{backend}/{precision}]"
+            reason = unavailable_reason(backend, precision, device)
+            if reason:
+                notes[row] = f"skipped: {reason}"
+                continue
+            spec = EncoderSpec(device=str(device), precision=precision, backend=backend, num_threads=threads,
+                               model_path=args.model_dir, cache_dir=cache, token_budget=budget)
+            try:
+                encoders[row] = load_encoder(spec)
+            except FidelityRefused as exc:
+                notes[row] = f"refused: {exc}"
+    return encoders, notes
 
 
-def autocast_encoder(reference: TextEncoder, precision: str) -> TextEncoder:
-    """Return a twin of an encoder that computes under autocast at the given precision."""
-    spec = EncoderSpec(device=str(reference.device), precision=precision)
-    return TextEncoder(reference.model, reference.tokenizer, spec, f"{reference.version}+{precision}")
+def measure(runners: dict[str, Callable[[list[str]], Result]], texts: list[str], repeats: int) -> dict[str, Result]:
+    """Return each mode's median pass: a warm-up on 64 texts, then modes interleaved `repeats` times."""
+    for run in runners.values():
+        run(texts[:64])
+    passes: dict[str, list[Result]] = {}
+    for rep in range(repeats):
+        for mode, run in runners.items():
+            result = run(texts)
+            log.info("pass %d %-24s %.2fs", rep + 1, mode, result.seconds)
+            passes.setdefault(mode, []).append(result)
+    out = {}
+    for mode, results in passes.items():
+        ordered = sorted(results, key=lambda r: r.seconds)
+        median = ordered[len(ordered) // 2]
+        median.passes = [r.seconds for r in results]
+        out[mode] = median
+    return out
 
 
-def top10_overlap(reference: np.ndarray, candidate: np.ndarray, users: int = 200, seed: int = 0) -> float:
-    """Return the mean top-10 neighbour overlap between two embeddings of the corpus for sampled users.
+class StEnv:
+    """sentence-transformers' onnx / dynamic-int8 onnx / openvino rows, served by a process in the benchmark's own venv.
 
-    A user is the normalised mean of 5 random texts; neighbours are the other texts by cosine.
+    Each pass is one command to that process, so these rows interleave with the in-process rows pass by
+    pass (same texts, same machine, same noise) instead of running apart after them.
     """
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(reference), size=(users, 5))
-    overlaps = []
-    for emb in (reference, candidate):
-        u = emb[picks].mean(1)
-        u /= np.linalg.norm(u, axis=1, keepdims=True)
-        overlaps.append(np.argsort(-(u @ emb.T), axis=1)[:, :10])
-    return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(*overlaps, strict=True)]))
+
+    def __init__(self, args: argparse.Namespace, texts: list[str], lengths: np.ndarray, threads: int, folder: Path) -> None:
+        python = args.st_python
+        if python == "auto":
+            python = subprocess.run(["bash", str(ROOT / "benchmarks" / "st_env.sh")], check=True, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1]
+        (folder / "texts.json").write_text(json.dumps(texts))
+        self.lengths, self.log = lengths, (folder / "st_rows.log").open("w")
+        self.proc = subprocess.Popen(
+            [python, str(ROOT / "benchmarks" / "st_rows.py"), "--serve", "--model", str(model_dir(args.model_dir)),
+             "--texts", str(folder / "texts.json"), "--out", str(folder / "out"), "--threads", str(threads),
+             "--batch-sizes", args.st_batch_sizes.split(",")[0]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        self.ready = self._answer()
+        v = self.ready["versions"]
+        self.note = f"own venv: ST {v['sentence_transformers']}, transformers {v['transformers']}, optimum {v['optimum']}"
+
+    def _answer(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the ST venv's process ended; see {self.log.name}")
+        return json.loads(line)
+
+    def runner(self, row: str) -> Callable[[list[str]], Result]:
+        """Return a runner that asks the process for one timed pass of row over the first len(texts) texts."""
+        def run(texts: list[str]) -> Result:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f"{row} {len(texts)}\n")
+            answer = self._answer()
+            vectors = np.load(answer["npy"])
+            n = len(texts)
+            return Result(answer["seconds"], n, int(self.lengths[:n].sum()),
+                          st_padded(texts, self.lengths[:n], int(self.ready["batch_size"])), vectors,
+                          precision="int8" if "int8" in row else "float", note=f"{self.note}, batch {self.ready['batch_size']}")
+        return run
+
+    def close(self) -> None:
+        """Stop the process."""
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def add_fidelity(results: dict[str, Result], reference: np.ndarray) -> None:
+    """Set each row's fidelity (cosine to torch fp32) where it kept its embeddings."""
+    for r in results.values():
+        if r.embeddings is not None and r.embeddings.shape == reference.shape:
+            r.fidelity = fidelity(reference, r.embeddings)
 
 
 def render(results: dict[str, Result], corpus_flops: float, corpus_tokens: int, mm: float) -> str:
     """Return the side-by-side table of every mode."""
-    lines = ["useful FLOPs of real tokens only (padding is waste); % of the dense matmul yardstick above", f"{'mode':<24}{'texts/s':>10}{'real tok/s':>12}{'pad eff':>9}{'GFLOP/s':>9}{'% of mm':>9}  note",
-             "-" * 84]
+    head = (f"{'mode':<26}{'texts/s':>9}{'real tok/s':>11}{'pad eff':>8}{'cos min':>9}{'cos p1':>9}{'cos mean':>10}"
+            f"{'GFLOP/s':>9}{'% mm':>7}  note")
+    lines = [head, "-" * len(head)]
     for mode, r in results.items():
         if r.seconds <= 0:
-            lines.append(f"{mode:<24}{'-':>10}{'-':>12}{'-':>9}{'-':>9}{'-':>9}  {r.note}")
+            lines.append(f"{mode:<26}{'-':>9}{'-':>11}{'-':>8}{'-':>9}{'-':>9}{'-':>10}{'-':>9}{'-':>7}  {r.note}")
             continue
-        flops = r.extra.get("flops", corpus_flops * r.real_tokens / corpus_tokens)
-        gflops = flops / r.seconds / 1e9
-        lines.append(f"{mode:<24}{r.texts / r.seconds:>10.1f}{r.real_tokens / r.seconds:>12.0f}"
-                     f"{r.real_tokens / max(r.padded_tokens, 1):>9.3f}{gflops:>9.1f}{100 * gflops / mm:>8.1f}%  {r.note}")
+        gflops = corpus_flops * r.real_tokens / corpus_tokens / r.seconds / 1e9
+        fid = r.fidelity
+        cos = f"{fid.min:>9.5f}{fid.p1:>9.5f}{fid.mean:>10.6f}" if fid else f"{'-':>9}{'-':>9}{'-':>10}"
+        lines.append(f"{mode:<26}{r.texts / r.seconds:>9.1f}{r.tokens_per_s:>11.0f}{r.real_tokens / max(r.padded_tokens, 1):>8.3f}"
+                     f"{cos}{gflops:>9.1f}{100 * gflops / mm:>6.1f}%  {r.note}")
     return "\n".join(lines)
+
+
+def st_best(results: dict[str, Result], floor: float) -> str | None:
+    """Return the fastest sentence-transformers row whose min cosine to torch fp32 meets floor."""
+    rows = [m for m, r in results.items() if (m.startswith("st_") or m == "sentence_transformers") and r.seconds > 0
+            and r.fidelity is not None and r.fidelity.min >= floor]
+    return max(rows, key=lambda m: results[m].tokens_per_s) if rows else None
+
+
+def target_lines(results: dict[str, Result], floor: float, best: str | None) -> list[str]:
+    """Return the issue's targets as measured ratios, each with PASS or MISS."""
+    e = results.get("engine")
+    if e is None or e.seconds <= 0:
+        return []
+    pad = e.real_tokens / max(e.padded_tokens, 1)
+    checks = [(f"engine(auto) / sentence_transformers_best [{best}] at floor {floor}", best, 1.5),
+              ("engine(auto) / ceiling (packed, same mode)", "ceiling", 0.9), ("engine(auto) / naive", "naive", 4.0)]
+    same = {"fp32": "sentence_transformers", "bf16": "st_torch_bf16", "fp16": "st_torch_fp16", "int8": "st_onnx_int8"}
+    if e.precision in same:
+        checks.insert(1, (f"engine(auto) / sentence-transformers in the same precision [{same[e.precision]}]",
+                          same[e.precision], 1.5))
+    lines = []
+    for label, other, goal in checks:
+        if other in results and results[other].seconds > 0:
+            ratio = e.tokens_per_s / results[other].tokens_per_s
+            lines.append(f"{label:<66} {ratio:6.2f}x  (target >= {goal}x: {'PASS' if ratio >= goal else 'MISS'})")
+    lines.append(f"{'engine(auto) padding efficiency':<66} {pad:6.3f}   (target >= 0.97: {'PASS' if pad >= 0.97 else 'MISS'})")
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -245,81 +413,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", help="Parquet file with a `text` column (default: demo items)")
     parser.add_argument("--n", type=int, default=2000, help="number of texts")
-    parser.add_argument("--json", help="write {mode: {texts_per_s, real_tok_per_s, padding_eff}} here")
-    parser.add_argument("--repeats", type=int, default=2, help="timed passes per mode (best is kept)")
+    parser.add_argument("--json", help="write the rows, targets, CPU flags and calibration here")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per mode (the median is kept)")
     parser.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated subset of " + ",".join(ALL_MODES))
-    parser.add_argument("--precisions", default=None, help="engine precisions (default: fp32,int8 on CPU; bf16,fp16,fp32 on CUDA)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--model-dir", default=None, help="a copy of the model files (default: the installed package)")
+    parser.add_argument("--model-dir", default=None, help="a sentence-transformers folder (default: the packaged MiniLM)")
+    parser.add_argument("--cache-dir", default=None, help="engine conversions/calibration (default: a fresh temp folder)")
+    parser.add_argument("--st-python", default="auto", help="python of the ST venv (auto: benchmarks/st_env.sh builds it)")
+    parser.add_argument("--calibration-budgets", default=None, help="token budgets auto tries (default: the device's)")
+    parser.add_argument("--st-batch-sizes", default=None, help="ST batch sizes tried in order (default 32 on CPU; "
+                        "32..1024 on CUDA: raised until it stops getting faster)")
     return parser.parse_args(argv)
 
 
-def build_runners(args: argparse.Namespace, encoder: TextEncoder, threads: int) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, TextEncoder], dict[str, str]]:
-    """Return (mode -> runner, precision -> encoder, mode -> note) for the modes asked for."""
+def build_runners(args: argparse.Namespace, reference: TextEncoder, auto: TextEncoder, pinned: dict[str, TextEncoder],
+                  lengths: np.ndarray, threads: int, st_env: StEnv | None) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
+    """Return (mode -> runner, mode -> note) for the modes asked for, in table order."""
     modes, notes = args.modes.split(","), {}
     runners: dict[str, Callable[[list[str]], Result]] = {}
+    path = model_dir(args.model_dir)
+    sizes = [int(s) for s in args.st_batch_sizes.split(",")]
     if "naive" in modes:
-        runners["naive"] = lambda t: run_naive(encoder, t)
+        runners["naive"] = lambda t: run_naive(reference, t)
     if "sentence_transformers" in modes:
-        runners["sentence_transformers"] = make_sentence_transformers(encoder)
+        runners["sentence_transformers"] = make_st_torch(path, reference.device, lengths, None, sizes)
+    if "st_torch_bf16" in modes and (reference.device.type == "cuda" or unavailable_reason("torch", "bf16", reference.device) is None):
+        runners["st_torch_bf16"] = make_st_torch(path, reference.device, lengths, torch.bfloat16, sizes)
+    if "st_torch_bf16" in modes and reference.device.type == "cuda":
+        runners["st_torch_fp16"] = make_st_torch(path, reference.device, lengths, torch.float16, sizes)
+    if st_env is not None:
+        for row in ST_ENV_ROWS:
+            if row in st_env.ready["ready"]:
+                runners[row] = st_env.runner(row)
+            else:
+                notes[row] = f"failed to load: {st_env.ready['load'].get(row)}"
     if "ray_data" in modes:
-        ray = make_ray_data(threads)
+        ray = make_ray_data(threads, str(path))
         if ray is None:
             notes["ray_data"] = "skipped: ray not installed (pip install 'ray[data]==2.60.0')"
         else:
             runners["ray_data"], startup = ray
             notes["ray_data"] = f"steady state; Ray start-up {startup:.1f}s apart"
-    precisions = (args.precisions or ("bf16,fp16,fp32" if encoder.device.type == "cuda" else "fp32,int8")).split(",")
-    encoders = {"fp32": encoder}
-    for p in precisions:
-        if p == "int8":
-            encoders[p] = int8_encoder(encoder)
-        elif p in ("bf16", "fp16"):
-            encoders[p] = autocast_encoder(encoder, p)
+    if "engine_modes" in modes:
+        for row, enc in pinned.items():
+            runners[row] = lambda t, e=enc: run_engine(e, t)
     if "engine" in modes:
-        for p, enc in encoders.items():
-            runners["engine" if p == "fp32" else f"engine[{p}]"] = lambda t, e=enc: run_engine(e, t)
+        runners["engine"] = lambda t: run_engine(auto, t)
+        notes["engine"] = f"auto -> {auto.mode.label}"
     if "ceiling" in modes:
-        runners["ceiling"] = lambda t: run_ceiling(encoder, t)
-    return runners, encoders, notes
-
-
-def measure(runners: dict[str, Callable[[list[str]], Result]], texts: list[str], repeats: int) -> dict[str, Result]:
-    """Return each mode's best pass: a warm-up on 64 texts, then modes interleaved `repeats` times."""
-    for run in runners.values():
-        run(texts[:64])
-    best: dict[str, Result] = {}
-    for rep in range(repeats):
-        for mode, run in runners.items():
-            result = run(texts)
-            log.info("pass %d %-22s %.2fs", rep + 1, mode, result.seconds)
-            if mode not in best or result.seconds < best[mode].seconds:
-                best[mode] = result
-    return best
-
-
-def fidelity_lines(results: dict[str, Result]) -> list[str]:
-    """Return one line per engine precision: cosine to fp32 (min, mean) and top-10 overlap, with the verdict."""
-    reference = results["engine"].embeddings
-    lines = [f"{'precision':<12}{'min cos':>9}{'mean cos':>10}{'top10 overlap':>15}{'floor':>7}  verdict"]
-    for mode, r in results.items():
-        if not mode.startswith("engine") or r.embeddings is None or reference is None:
-            continue
-        name = mode[7:-1] if "[" in mode else "fp32"
-        cos = np.sum(reference * r.embeddings, axis=1)
-        floor = FIDELITY_FLOOR[name]
-        verdict = "runs" if fidelity(reference, r.embeddings) >= floor else "REFUSED by the engine (under its floor)"
-        lines.append(f"{name:<12}{cos.min():>9.4f}{cos.mean():>10.5f}{top10_overlap(reference, r.embeddings):>15.3f}{floor:>7}  {verdict}")
-    return lines
-
-
-def ratio_lines(results: dict[str, Result]) -> list[str]:
-    """Return the engine's speed ratios (real tokens/s) to every other mode."""
-    if "engine" not in results:
-        return []
-    speed = {m: r.real_tokens / r.seconds for m, r in results.items() if r.seconds > 0}
-    return [f"engine/{m:<22} {speed['engine'] / s:6.2f}x" for m, s in speed.items() if m != "engine"]
+        runners["ceiling"] = lambda t: run_ceiling(auto, t)
+        notes["ceiling"] = f"packed 32x64 in {auto.backend.name}/{auto.backend.precision}"
+    return runners, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,29 +474,87 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     threads = configure_threads(args.threads)
     device = resolve_device(args.device)
-    encoder = TextEncoder.load(EncoderSpec(device=str(device), precision="fp32", num_threads=threads, model_path=args.model_dir))
+    args.st_batch_sizes = args.st_batch_sizes or ("32,64,128,256,512,1024" if device.type == "cuda" else "32")
     texts = load_texts(args.texts, args.n)
-    ids, _ = encoder.tokenize(texts)
-    lengths = np.array([len(x) for x in ids])
-    runners, _, notes = build_runners(args, encoder, threads)
-    results = measure(runners, texts, args.repeats)
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        cache = args.cache_dir or tmp
+        budgets = tuple(int(b) for b in args.calibration_budgets.split(",")) if args.calibration_budgets else None
+        base = EncoderSpec(device=str(device), num_threads=threads, model_path=args.model_dir, cache_dir=cache,
+                           calibration_budgets=budgets)
+        reference = load_encoder(EncoderSpec(device=str(device), precision="fp32", backend="torch", num_threads=threads,
+                                             model_path=args.model_dir))
+        auto = load_encoder(base)
+        pinned, pinned_notes = engine_encoders(args, device, threads, auto.token_budget, cache) \
+            if "engine_modes" in args.modes.split(",") else ({}, {})
+        ids, _ = reference.tokenize(texts)
+        lengths = np.array([len(x) for x in ids])
+        use_st_env = "st_env" in args.modes.split(",") and device.type == "cpu" and args.st_python != "none"
+        st_env = StEnv(args, texts, lengths, threads, Path(tmp)) if use_st_env else None
+        try:
+            runners, notes = build_runners(args, reference, auto, pinned, lengths, threads, st_env)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            results = measure(runners, texts, args.repeats)
+        finally:
+            if st_env is not None:
+                st_env.close()
+        report(args, results, {**notes, **pinned_notes}, reference, auto, texts, lengths, device, threads)
+    return 0
+
+
+def report(args: argparse.Namespace, results: dict[str, Result], notes: dict[str, str], reference: TextEncoder,
+           auto: TextEncoder, texts: list[str], lengths: np.ndarray, device: torch.device, threads: int) -> None:
+    """Print the header, the table, calibration and targets; write the JSON when asked."""
     for mode, note in notes.items():
-        results.setdefault(mode, Result(0.0, 0, 0, 0)).note = note
-    mm = matmul_gflops(device)
-    if device.type == "cuda":  # the GPU's yardstick is its dense bf16 GEMM rate
-        mm = matmul_gflops(device, n=8192, dtype=torch.bfloat16)
+        results.setdefault(mode, Result(0.0, 0, 0, 0))
+        results[mode].note = (results[mode].note + "; " if results[mode].note else "") + note
+    ref = results.get("engine[torch/fp32]", results.get("naive"))
+    add_fidelity(results, ref.embeddings if ref is not None and ref.embeddings is not None else run_engine(reference, texts).embeddings)
+    ordered = {m: results[m] for m in [*sorted(results, key=_row_order)]}
+    mm = matmul_gflops(device, n=8192, dtype=torch.bfloat16) if device.type == "cuda" else matmul_gflops(device)
+    floor = floor_for(auto.backend.precision, DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR)
+    best = st_best(results, floor)
+    print(cpu_flags())
     print(f"{len(texts)} texts, {int(lengths.sum())} real tokens (median {int(np.median(lengths))}, p90 "
           f"{int(np.percentile(lengths, 90))}), device {device}, {threads} threads, torch {torch.__version__}, "
-          f"model load {encoder.load_seconds:.1f}s (apart)")
+          f"{args.repeats} interleaved passes, median kept; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     yardstick = "bf16 torch.mm 8192^3" if device.type == "cuda" else "fp32 torch.mm 2048^3"
-    print(f"dense {yardstick}: {mm:.1f} GFLOP/s ({mm / 1000:.1f} TFLOP/s)")
-    print(render(results, float(flops_per_text(lengths).sum()), int(lengths.sum()), mm))
-    print("\n".join(["", *ratio_lines(results), "", *fidelity_lines(results)]))
+    print(f"dense {yardstick}: {mm:.1f} GFLOP/s; fidelity = cosine to the engine's torch fp32 (= sentence-transformers fp32)")
+    if device.type == "cpu" and unavailable_reason("torch", "bf16", device) is None:
+        _, width, ffn = model_shape(model_dir(args.model_dir))
+        print(f"bf16 GEMM on the encoder's FFN shape (2048x{width}x{ffn}, torch/oneDNN): "
+              f"{gemm_gflops(2048, width, ffn, torch.bfloat16):.1f} GFLOP/s (the compute bound of every bf16 row)")
+    cal = auto.calibration
+    if cal is not None:
+        print(f"auto chose {cal.mode.label} (min cos {cal.fidelity.min:.5f}) in {cal.seconds:.1f}s of calibration (apart):")
+        for row in cal.table:
+            fid = row["fidelity"]["min"] if row["fidelity"] else float("nan")
+            print(f"    {row['mode']:<28}{row['tokens_per_s']:>9.0f} tok/s  min cos {fid:.5f}  {row['note']}")
+    print(render(ordered, float(flops_per_text(lengths, model_shape(model_dir(args.model_dir))).sum()), int(lengths.sum()), mm))
+    if device.type == "cuda":
+        print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    print("\n" + "\n".join(target_lines(results, floor, best)))
     if args.json:
-        Path(args.json).write_text(json.dumps({m: {"texts_per_s": r.texts / r.seconds, "real_tok_per_s": r.real_tokens / r.seconds,
-                                                   "padding_eff": r.real_tokens / max(r.padded_tokens, 1)}
-                                               for m, r in results.items() if r.seconds > 0}, indent=2))
-    return 0
+        _write_json(Path(args.json), ordered, best, floor, auto, target_lines(results, floor, best))
+
+
+def _row_order(mode: str) -> tuple[int, str]:
+    order = ["naive", "sentence_transformers", "st_torch_bf16", "st_torch_fp16", *ST_ENV_ROWS, "ray_data"]
+    if mode in order:
+        return order.index(mode), mode
+    return (len(order) + 1 if mode.startswith("engine[") else len(order) + 2 if mode == "engine" else len(order) + 3), mode
+
+
+def _write_json(path: Path, results: dict[str, Result], best: str | None, floor: float, auto: TextEncoder,
+                targets: list[str]) -> None:
+    rows = {m: {"texts_per_s": r.texts / r.seconds, "real_tok_per_s": r.tokens_per_s,
+                "padding_eff": r.real_tokens / max(r.padded_tokens, 1), "passes_s": r.passes, "note": r.note,
+                "fidelity": r.fidelity.as_dict() if r.fidelity else None}
+            for m, r in results.items() if r.seconds > 0}
+    if best:
+        rows["sentence_transformers_best"] = {**rows[best], "row": best, "floor": floor}
+    rows["_meta"] = {"cpu": cpu_flags(), "auto": auto.mode_record(), "targets": targets}
+    path.write_text(json.dumps(rows, indent=2, default=str))
 
 
 if __name__ == "__main__":

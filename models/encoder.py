@@ -1,8 +1,12 @@
-"""The sentence encoder: all-MiniLM-L6-v2 (or a tiny random twin) with mean pooling and L2 norm."""
+"""The sentence encoder: any sentence-transformers model (all-MiniLM-L6-v2 by default, or the tiny random twin)
+behind one backend in one precision, with the model's own pooling and normalisation.
+
+Public entry points (see /work/notes/engine-integration.md): `EncoderSpec`, `get_encoder(spec)`,
+`spec_version(spec)`, `embedding_dim(spec)`, `load_tokenizer(...)`, and `TextEncoder.mode_record()`.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -14,30 +18,50 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from models.precision import check_fidelity, quantize_int8
+from models.backends.base import Backend, BackendRequest, BackendUnavailable
+from models.backends.registry import load_backend
+from models.calibration import Calibration, Mode
+from models.pooling import mean_pool, pool
+from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS, Fidelity, fidelity, floor_for, require_floor
+from models.st_layout import ModelInfo, read_model_info
 from nightscore.errors import ModelLoadError, UsageError
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 TINY_SEED = 0
-TINY_HIDDEN = 384  # the tiny twin has all-MiniLM-L6-v2's width, so tests exercise the same shapes
+TINY_NAME = "tiny-bert-random"
+
+__all__ = ["EncoderSpec", "TextEncoder", "get_encoder", "spec_version", "resolve_spec", "embedding_dim",
+           "tokenizer_for", "load_tokenizer",
+           "model_dir", "model_info", "resolve_device", "configure_threads", "mean_pool", "MODEL_NAME"]
 
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """What to load: the model kind, where to run it and at which precision."""
+    """What to load: the model, where to run it, which backend and precision, and where conversions are cached.
 
-    kind: str = "minilm"
+    The first five fields keep their historical order (callers pass them positionally).
+    """
+
+    kind: str = "minilm"  # minilm: the packaged model or model_path's folder; tiny: the random 1-layer twin (tests)
     device: str = "auto"
-    precision: str = "auto"
-    max_seq_length: int = 256
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 | int8
+    max_seq_length: int = 256  # a cap: the model's own max_seq_length applies when lower
     num_threads: int | None = None
-    model_path: str | None = None  # a folder with the same files as the package (benchmarks on hosts without it)
+    model_path: str | None = None  # a local folder in sentence-transformers layout (default: the packaged MiniLM)
+    backend: str = "auto"  # auto | torch | openvino
+    cache_dir: str | None = None  # conversions and calibrations; auto calibrates only when one is given
+    float_floor: float = DEFAULT_FLOAT_FLOOR
+    int8_floor: float = DEFAULT_INT8_FLOOR
+    token_budget: int | None = None  # None: auto's calibrated budget (or the device default)
+    calibration_budgets: tuple[int, ...] | None = None  # None: the device's candidate budgets
+    recalibrate: bool = False  # ignore a persisted calibration and measure again
+    length_multiple: int = 1  # pinned modes: pad batch lengths to a multiple (resolve_spec carries auto's choice)
 
 
 def model_dir(override: str | None = None) -> Path:
-    """Return the folder of the all-MiniLM-L6-v2 files: the package's, or an explicit copy (no network)."""
+    """Return the model folder: an explicit local folder, or the packaged all-MiniLM-L6-v2 (no network)."""
     if override:
         path = Path(override)
         if not (path / "config.json").is_file():
@@ -53,6 +77,35 @@ def model_dir(override: str | None = None) -> Path:
     return path
 
 
+_INFOS: dict[tuple[str, str | None, int], ModelInfo] = {}
+
+
+def model_info(spec: EncoderSpec) -> ModelInfo:
+    """Return the spec's ModelInfo (pooling, width, max length, content digest) without loading weights."""
+    key = (spec.kind, spec.model_path, spec.max_seq_length)
+    if key not in _INFOS:
+        if spec.kind == "tiny":
+            base = read_model_info(model_dir(), name=TINY_NAME, max_seq_length=spec.max_seq_length)
+            _INFOS[key] = replace(base, digest=f"seed{TINY_SEED}", model_type="bert")
+        elif spec.kind == "minilm":
+            name = None if spec.model_path else MODEL_NAME
+            _INFOS[key] = read_model_info(model_dir(spec.model_path), name=name, max_seq_length=spec.max_seq_length)
+        else:
+            raise UsageError(f"unknown encoder kind {spec.kind!r} (expected minilm or tiny)")
+    return _INFOS[key]
+
+
+def embedding_dim(spec: EncoderSpec) -> int:
+    """Return the width of the vectors a spec produces, read from the model's config (no weights loaded)."""
+    return model_info(spec).dim
+
+
+def tokenizer_for(spec: EncoderSpec) -> Tokenizer:
+    """Return the tokenizer of the spec's model (no padding, no truncation; cut to model_info(spec).max_seq_length)."""
+    info = model_info(spec)
+    return load_tokenizer(info.max_seq_length, None if spec.kind == "tiny" else str(info.path))
+
+
 def resolve_device(device: str) -> torch.device:
     """Return the torch device for a setting: auto -> cuda when available, else cpu."""
     if device == "auto":
@@ -60,17 +113,6 @@ def resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("device=cuda was asked for but no CUDA device is available")
     return torch.device(device)
-
-
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """Return the compute dtype: fp32 on CPU by default, bf16 (fp16 without bf16) on CUDA."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if precision == "int8" and device.type != "cpu":
-        raise UsageError("precision int8 (dynamic quantization) runs on CPU only")
-    return {"fp32": torch.float32, "int8": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def load_tokenizer(max_seq_length: int, path: str | None = None) -> Tokenizer:
@@ -81,117 +123,83 @@ def load_tokenizer(max_seq_length: int, path: str | None = None) -> Tokenizer:
     return tokenizer
 
 
-def _quiet_transformers() -> None:
+def pad_id(tokenizer: Tokenizer) -> int:
+    """Return the tokenizer's padding id ([PAD], <pad>), 0 when it names none."""
+    for token in ("[PAD]", "<pad>", "<PAD>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    return 0
+
+
+def load_module(spec: EncoderSpec, info: ModelInfo) -> torch.nn.Module:
+    """Return the fp32 transformers model of a spec in eval mode (tiny: built from seed, no weights read)."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-
-
-_VERSIONS: dict[str, str] = {}
-
-
-def model_version(kind: str) -> str:
-    """Return the version of a model kind without loading it: name@digest of its weights file."""
-    if kind not in _VERSIONS:
-        if kind == "minilm":
-            _VERSIONS[kind] = f"{MODEL_NAME}@{_weights_digest(model_dir() / 'model.safetensors')}"
-        elif kind == "tiny":
-            _VERSIONS[kind] = f"tiny-bert-random@seed{TINY_SEED}"
-        else:
-            raise UsageError(f"unknown encoder kind {kind!r} (expected minilm or tiny)")
-    return _VERSIONS[kind]
-
-
-def embedding_dim(spec: EncoderSpec) -> int:
-    """Return the width of the vectors a spec produces, from the model's config (no weights loaded)."""
     if spec.kind == "tiny":
-        return TINY_HIDDEN
-    import json
-
-    config = json.loads((model_dir(spec.model_path) / "config.json").read_text())
-    return int(config["hidden_size"])
-
-
-def spec_version(spec: EncoderSpec) -> str:
-    """Return the version of the vectors a spec produces (model version, plus the precision unless fp32)."""
-    mode = spec.precision
-    if mode == "auto":
-        mode = "fp32" if resolve_device(spec.device).type != "cuda" else ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
-    return model_version(spec.kind) if mode == "fp32" else f"{model_version(spec.kind)}+{mode}"
-
-
-def build_model(kind: str, path: str | None = None) -> tuple[torch.nn.Module, str]:
-    """Return (BertModel in eval mode, model_version) for 'minilm' or the tiny random twin."""
-    from transformers import BertConfig, BertModel
-
-    _quiet_transformers()
-    if kind == "minilm":
-        if path:
-            model = BertModel.from_pretrained(path, attn_implementation="sdpa", add_pooling_layer=False, dtype=torch.float32)
-            return model.eval(), f"{MODEL_NAME}@{Path(path).name}"
-        model = BertModel.from_pretrained(str(model_dir()), attn_implementation="sdpa", add_pooling_layer=False)
-        return model.eval(), model_version(kind)
-    if kind == "tiny":
-        config = BertConfig(
-            hidden_size=TINY_HIDDEN, num_hidden_layers=1, num_attention_heads=6, intermediate_size=TINY_HIDDEN,
+        config = transformers.BertConfig(
+            hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=384,
             vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
         )
         torch.manual_seed(TINY_SEED)
-        return BertModel(config, add_pooling_layer=False).eval(), model_version(kind)
-    raise UsageError(f"unknown encoder kind {kind!r} (expected minilm or tiny)")
+        return transformers.BertModel(config, add_pooling_layer=False).eval()
+    try:
+        model = transformers.AutoModel.from_pretrained(str(info.path), dtype=torch.float32, attn_implementation="sdpa")
+    except (ValueError, ImportError):  # an architecture without SDPA support: its eager attention
+        model = transformers.AutoModel.from_pretrained(str(info.path), dtype=torch.float32)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load the model under {info.path}: {exc}") from exc
+    return model.eval()
 
 
-def _weights_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:12]
+def configure_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op threads deliberately (default: every core) and return the count."""
+    threads = num_threads or os.cpu_count() or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def default_token_budget(device: torch.device) -> int:
+    """Return the token budget used when neither the spec nor a calibration gives one."""
+    return 65536 if device.type == "cuda" else 2048
 
 
 class TextEncoder:
-    """A loaded model and tokenizer; embeds token-id batches into unit-norm float32 vectors."""
+    """A tokenizer and one loaded backend; embeds token-id batches into float32 vectors (model's pooling)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, spec: EncoderSpec, version: str) -> None:
-        self.device = resolve_device(spec.device)
-        self.dtype = resolve_dtype(spec.precision, self.device)
-        self.model = model.to(self.device)
+    def __init__(self, info: ModelInfo, tokenizer: Tokenizer, backend: Backend, device: torch.device,
+                 token_budget: int, calibration: Calibration | None = None) -> None:
+        self.info = info
         self.tokenizer = tokenizer
-        self.max_length = spec.max_seq_length
-        self.model_path = spec.model_path
-        self.version = version
-        self.dim = int(model.config.hidden_size)
+        self.backend = backend
+        self.device = device
+        self.max_length = info.max_seq_length
+        self.dim = info.dim
+        self.token_budget = token_budget
+        self.calibration = calibration
+        self.pad_id = pad_id(tokenizer)
+        self.fidelity = Fidelity(1.0, 1.0, 1.0)  # to torch fp32 on the probe texts (measured unless torch fp32)
         self.load_seconds = 0.0
-        self.fidelity = 1.0  # minimum cosine to fp32 on the probe texts
+        self.version = vector_version(info, Mode(backend.name, backend.precision, token_budget, backend.length_multiple))
         self._lock = threading.Lock()  # one forward pass at a time per model: threads share cores anyway
 
-    @classmethod
-    def load(cls, spec: EncoderSpec) -> "TextEncoder":
-        """Return an encoder loaded from the packaged files (or the tiny twin), timing the load.
+    @property
+    def mode(self) -> Mode:
+        """Return the backend, precision, token budget and length multiple in use."""
+        return Mode(self.backend.name, self.backend.precision, self.token_budget, self.backend.length_multiple)
 
-        A precision other than fp32 is checked against fp32 on probe texts first and refused
-        (ModelLoadError) when its fidelity is under the documented floor.
-        """
-        started = time.perf_counter()
-        configure_threads(spec.num_threads)
-        model, version = build_model(spec.kind, spec.model_path)
-        tokenizer = load_tokenizer(spec.max_seq_length, spec.model_path)
-        encoder = cls(model, tokenizer, spec, version)
-        mode = precision_name(spec.precision, encoder.dtype)
-        if mode != "fp32":
-            reference = cls(model, tokenizer, replace(spec, precision="fp32"), version)
-            if mode == "int8":
-                encoder.model = quantize_int8(model)
-            encoder.fidelity = check_fidelity(mode, reference.embed_texts, encoder.embed_texts)
-            encoder.version = f"{version}+{mode}"
-        encoder.load_seconds = time.perf_counter() - started
-        log.info("loaded %s on %s/%s in %.2fs", version, encoder.device, encoder.dtype, encoder.load_seconds)
-        return encoder
+    @property
+    def model(self) -> torch.nn.Module:
+        """Return the torch module of a torch backend (benchmarks and tests use it)."""
+        return self.backend.model  # type: ignore[attr-defined]
 
     def tokenize(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
         """Return (token ids truncated to max_length, untruncated lengths) for each text."""
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets: ~15% faster
+        encodings = encode(texts, add_special_tokens=True)
         full = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         limit = self.max_length
         ids = [e.ids if len(e.ids) <= limit else e.ids[: limit - 1] + e.ids[-1:] for e in encodings]
@@ -203,9 +211,11 @@ class TextEncoder:
         return self.embed(*self.collate(ids))
 
     def collate(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (input_ids, attention_mask) padded to the batch's longest row only."""
+        """Return (input_ids, attention_mask) padded to the batch's longest row, rounded up to the backend's multiple."""
+        multiple = self.backend.length_multiple
         longest = max(len(ids) for ids in batch)
-        input_ids = np.zeros((len(batch), longest), dtype=np.int64)
+        longest = -(-longest // multiple) * multiple
+        input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), longest), dtype=np.int64)
         for row, ids in enumerate(batch):
             input_ids[row, : len(ids)] = ids
@@ -213,37 +223,121 @@ class TextEncoder:
         return torch.from_numpy(input_ids), torch.from_numpy(mask)
 
     def embed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        """Return unit-norm float32 embeddings (mean pooling over real tokens) for one batch."""
-        non_blocking = self.device.type == "cuda"
-        input_ids = input_ids.to(self.device, non_blocking=non_blocking)
-        mask = mask.to(self.device, non_blocking=non_blocking)
-        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-        with self._lock, torch.inference_mode(), autocast:
-            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            pooled = mean_pool(hidden.float(), mask)
-            vectors = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return vectors.cpu().numpy().astype(np.float32, copy=False)
+        """Return float32 sentence vectors of one padded batch (pooling and normalisation in fp32)."""
+        with self._lock:
+            hidden = self.backend.hidden_states(input_ids, mask)
+            return pool(hidden, mask.to(self.device) if isinstance(hidden, torch.Tensor) else mask,
+                        self.info.pooling, self.info.normalize)
+
+    def mode_record(self) -> dict[str, object]:
+        """Return what a run record and artifact show about the mode: backend, precision, budget, fidelity, speed."""
+        record: dict[str, object] = {
+            "backend": self.backend.name, "precision": self.backend.precision, "token_budget": self.token_budget,
+            "length_multiple": self.backend.length_multiple, "runtime": self.backend.version,
+            "fidelity_min": round(self.fidelity.min, 6), "fidelity_p1": round(self.fidelity.p1, 6),
+            "fidelity_mean": round(self.fidelity.mean, 6), "model_version": self.version,
+            "pooling": self.info.pooling, "normalize": self.info.normalize, "dim": self.dim,
+        }
+        if self.calibration is not None:
+            record.update(self.calibration.summary())
+        return record
 
 
-def precision_name(precision: str, dtype: torch.dtype) -> str:
-    """Return the effective precision mode: int8, or the name of the compute dtype."""
-    if precision == "int8":
-        return "int8"
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+def vector_version(info: ModelInfo, mode: Mode) -> str:
+    """Return the vectors' version: model name@digest, plus +backend-precision unless torch fp32 (the reference)."""
+    if mode.backend == "torch" and mode.precision == "fp32":
+        return info.version
+    return f"{info.version}+{mode.backend}-{mode.precision}"
 
 
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Return the mean of hidden states over positions where mask is 1."""
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+def _fixed_default(device: torch.device) -> tuple[str, str]:
+    """Return (backend, precision) of auto when it does not calibrate: torch fp32 on CPU, bf16/fp16 on CUDA."""
+    if device.type != "cuda":
+        return "torch", "fp32"
+    return "torch", "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
-def configure_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op threads deliberately (default: every core) and return the count."""
-    threads = num_threads or os.cpu_count() or 1
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return threads
+def _calibrates(spec: EncoderSpec) -> bool:
+    """Return whether a spec's mode is chosen by measurement (auto somewhere, a cache folder, not the tiny twin)."""
+    return "auto" in (spec.backend, spec.precision) and spec.cache_dir is not None and spec.kind != "tiny"
+
+
+def _pinned(spec: EncoderSpec, device: torch.device) -> tuple[str, str]:
+    """Return the (backend, precision) of a spec that does not calibrate, autos replaced by the fixed default."""
+    backend, precision = _fixed_default(device)
+    return (backend if spec.backend == "auto" else spec.backend), (precision if spec.precision == "auto" else spec.precision)
+
+
+def _request(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, precision: str,
+             device: torch.device, threads: int, tokenizer: Tokenizer | None = None) -> BackendRequest:
+    samples = _sample_batches(tokenizer, info) if precision == "int8" and tokenizer is not None else ()
+    return BackendRequest(info=info, module=module, precision=precision, device=device, threads=threads,
+                          cache_dir=Path(spec.cache_dir) if spec.cache_dir else None, sample_batches=samples)
+
+
+def _sample_batches(tokenizer: Tokenizer, info: ModelInfo) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Return one unpadded batch per text of the calibration corpus and probes (int8 activation statistics)."""
+    from models.calibration import calibration_texts
+
+    limit = info.max_seq_length
+    batches = []
+    for text in [*calibration_texts(tokenizer, limit, 6000), *PROBE_TEXTS]:
+        ids = tokenizer.encode(text).ids
+        ids = ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:]
+        batches.append((torch.tensor([ids], dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)))
+    return tuple(batches)
+
+
+def load_encoder(spec: EncoderSpec) -> TextEncoder:
+    """Return a loaded encoder: the calibrated mode under auto (when it can persist it), else the pinned one.
+
+    A pinned mode other than torch fp32 is checked against torch fp32 on the probe texts and refused
+    (FidelityRefused, naming floor and cosine) when under its floor.
+    """
+    started = time.perf_counter()
+    threads = configure_threads(spec.num_threads)
+    device = resolve_device(spec.device)
+    info = model_info(spec)
+    module = load_module(spec, info).to(device)
+    tokenizer = load_tokenizer(info.max_seq_length, None if spec.kind == "tiny" else str(info.path))
+    if _calibrates(spec):
+        from models.calibration import calibrate_or_load
+
+        encoder = calibrate_or_load(spec, info, module, tokenizer, device, threads)
+    else:
+        encoder = _load_pinned(spec, info, module, tokenizer, device, threads)
+    encoder.load_seconds = time.perf_counter() - started
+    log.info("loaded %s on %s as %s in %.2fs (fidelity min %.5f)", encoder.version, device, encoder.backend.version,
+             encoder.load_seconds, encoder.fidelity.min)
+    return encoder
+
+
+def _load_pinned(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer,
+                 device: torch.device, threads: int) -> TextEncoder:
+    backend_name, precision = _pinned(spec, device)
+    budget = spec.token_budget or default_token_budget(device)
+    try:
+        backend = load_backend(backend_name, _request(spec, info, module, precision, device, threads, tokenizer))
+    except BackendUnavailable as exc:
+        raise UsageError(f"backend {backend_name} precision {precision} cannot run here: {exc}") from exc
+    backend.length_multiple = spec.length_multiple
+    encoder = TextEncoder(info, tokenizer, backend, device, budget)
+    if (backend_name, precision) != ("torch", "fp32"):
+        reference = TextEncoder(info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)),
+                                device, budget)
+        encoder.fidelity = probe_fidelity(reference, encoder)
+        require_floor(f"{backend_name}/{precision}", encoder.fidelity, floor_for(precision, spec.float_floor, spec.int8_floor))
+    return encoder
+
+
+def probe_fidelity(reference: TextEncoder, candidate: TextEncoder) -> Fidelity:
+    """Return the cosine statistics of candidate to reference over the probe texts, one text per batch.
+
+    One text per batch: no padding, so a short text's vector is what it is in any batch plan.
+    """
+    ref = np.vstack([reference.embed_texts([t]) for t in PROBE_TEXTS])
+    got = np.vstack([candidate.embed_texts([t]) for t in PROBE_TEXTS])
+    return fidelity(ref, got)
 
 
 _CACHE: dict[EncoderSpec, TextEncoder] = {}
@@ -251,8 +345,60 @@ _CACHE_LOCK = threading.Lock()
 
 
 def get_encoder(spec: EncoderSpec) -> TextEncoder:
-    """Return this process's encoder for spec, loading it on first use only."""
+    """Return this process's encoder for spec, loading it (and calibrating auto) on first use only."""
     with _CACHE_LOCK:
         if spec not in _CACHE:
-            _CACHE[spec] = TextEncoder.load(spec)
+            _CACHE[spec] = load_encoder(spec)
         return _CACHE[spec]
+
+
+def spec_version(spec: EncoderSpec) -> str:
+    """Return the version of the vectors a spec produces.
+
+    Pinned modes and auto without a cache folder need no weights; a calibrating auto reads its persisted
+    choice, and only when there is none calibrates (through get_encoder, so the encode step reuses it).
+    """
+    device = resolve_device(spec.device)
+    info = model_info(spec)
+    if not _calibrates(spec):
+        backend, precision = _pinned(spec, device)
+        return vector_version(info, Mode(backend, precision, 0, 1))
+    from models.calibration import persisted_mode
+
+    mode = None if spec.recalibrate else persisted_mode(spec, info, device, configure_threads(spec.num_threads))
+    if mode is not None and spec not in _CACHE:
+        return vector_version(info, mode)
+    return get_encoder(spec).version
+
+
+def calibration_summary(spec: EncoderSpec) -> dict[str, object] | None:
+    """Return the persisted calibration of an auto spec on this kind of machine (device kind, tokens/s, file), or None."""
+    if not _calibrates(spec):
+        return None
+    from models.calibration import calibration_file, persisted_summary
+
+    device, threads, info = resolve_device(spec.device), configure_threads(spec.num_threads), model_info(spec)
+    loaded = _CACHE.get(spec)
+    summary = loaded.calibration.summary() if loaded is not None and loaded.calibration is not None else \
+        persisted_summary(spec, info, device, threads)  # measured in this process, or read from a previous one
+    return None if summary is None else {**summary, "calibration_file": str(calibration_file(spec, info, device, threads))}
+
+
+def resolve_spec(spec: EncoderSpec) -> EncoderSpec:
+    """Return the spec with auto's choice pinned (backend, precision, token budget, length multiple).
+
+    Call it once where the run is planned and hand the result to every shard worker: a worker then loads
+    exactly the planned mode (same vector version) whatever its own cache folder holds, and never calibrates.
+    A spec that does not calibrate comes back with its autos replaced by the fixed default.
+    """
+    device = resolve_device(spec.device)
+    if not _calibrates(spec):
+        backend, precision = _pinned(spec, device)
+        return replace(spec, backend=backend, precision=precision)
+    from models.calibration import persisted_mode
+
+    mode = None if spec.recalibrate else persisted_mode(spec, model_info(spec), device, configure_threads(spec.num_threads))
+    if mode is None or spec in _CACHE:
+        mode = get_encoder(spec).mode
+    return replace(spec, backend=mode.backend, precision=mode.precision, token_budget=mode.token_budget,
+                   length_multiple=mode.length_multiple, recalibrate=False)

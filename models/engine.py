@@ -1,4 +1,9 @@
-"""The batch encoding engine: global length planning, token-budget batches, input order restored."""
+"""The batch encoding engine: global length planning, token-budget batches, input order restored.
+
+Shared by every backend: the backend only turns one padded batch into hidden states; planning,
+collation (padding to the batch's longest row, rounded to the backend's length multiple), pooling,
+normalisation and order restoration happen here and in TextEncoder.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,6 @@ from models.planning import plan_batches
 
 log = logging.getLogger(__name__)
 
-CPU_TOKEN_BUDGET = 2048
-CUDA_TOKEN_BUDGET = 65536
 
 
 @dataclass
@@ -47,21 +50,17 @@ class EncodeStats:
         return {**asdict(self), "padding_efficiency": round(self.padding_efficiency, 4)}
 
 
-def default_token_budget(device: torch.device) -> int:
-    """Return the default batch token budget for a device (small on CPU: larger was slower here)."""
-    return CUDA_TOKEN_BUDGET if device.type == "cuda" else CPU_TOKEN_BUDGET
-
-
 def encode_texts(
     encoder: TextEncoder, texts: list[str], token_budget: int | None = None, before_batch: Callable[[], None] | None = None
 ) -> tuple[np.ndarray, EncodeStats]:
     """Return (embeddings in input order, stats) for texts, batched by a token budget.
 
+    ``token_budget`` None takes the encoder's (auto's calibrated budget, or the device default).
     ``before_batch`` runs before every batch (a graceful stop raises from it, so the current batch
     always finishes and nothing half-encoded is returned).
     """
     started = time.perf_counter()
-    budget = token_budget or default_token_budget(encoder.device)
+    budget = token_budget or encoder.token_budget
     ids, full_lengths = encoder.tokenize(texts)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     out = np.empty((len(texts), encoder.dim), dtype=np.float32)
@@ -106,6 +105,8 @@ class _BatchRunner:
     def run(self, rows: np.ndarray, tensors: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Encode rows (using pre-collated tensors when given) and store them in out."""
         longest = max(len(self.ids[i]) for i in rows)
+        multiple = self.encoder.backend.length_multiple
+        longest = -(-longest // multiple) * multiple  # the collated length (a backend may pad to a multiple)
         if len(rows) > 1 and len(rows) * longest > self.budget:
             return self._split(rows)
         if tensors is None:

@@ -1,26 +1,23 @@
-"""Precision modes of the encoder and their fidelity floors against fp32.
+"""Fidelity of a backend/precision against torch fp32: probe texts, floors, statistics and the refusal.
 
-fp32 is exact and the CPU default; bf16/fp16 are the CUDA defaults (autocast); int8 is dynamic
-quantization of the Linear layers (per-channel weights) for CPU hosts. A mode whose measured fidelity
-on a fixed probe set falls under its floor refuses to run rather than publish silently worse scores.
+Floors are settings (passed in, never read here): one for float modes (fp32 on another runtime, bf16,
+fp16) and one for int8. A pinned mode under its floor is refused rather than publishing silently worse
+vectors; `auto` only ever picks a mode over its floor.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from nightscore.errors import ModelLoadError
 
-log = logging.getLogger(__name__)
+DEFAULT_FLOAT_FLOOR = 0.999
+DEFAULT_INT8_FLOOR = 0.99
 
-# Minimum cosine to the fp32 embedding, over every probe text.
-FIDELITY_FLOOR: dict[str, float] = {"fp32": 0.9999, "bf16": 0.995, "fp16": 0.999, "int8": 0.99}
-
+# Sentences of several topics; the calibration corpus is built from them, and the short extremes
+# ("hello", one symbol) are kept because the shortest texts are where int8 loses most.
 PROBE_TEXTS: list[str] = [
     "The striker scored twice as the home team won the championship final.",
     "Parliament passed the budget bill after a long debate among coalition parties.",
@@ -31,31 +28,51 @@ PROBE_TEXTS: list[str] = [
     "Doctors recommend regular exercise and sleep to lower the risk of heart disease.",
     "The band's new album mixes jazz, soul and electronic music.",
     "hello",
+    "ok",
+    "?",
     "Ünïcödé, emoji 🎉, numbers 3.14159 and punctuation?!",
-    " ".join(["long text about markets, banks and the economy"] * 40),
     "Weather today: cloudy with a chance of rain in the afternoon.",
+    "Call +44 20 7946 0958 before 9 a.m. or e-mail someone@example.com.",
+    " ".join(["long text about markets, banks and the economy"] * 40),
 ]
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Return a copy of model with its Linear layers dynamically quantized to int8 (per-channel weights)."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+class FidelityRefused(ModelLoadError):
+    """A pinned backend/precision measured under its fidelity floor against torch fp32 (exit 1)."""
 
 
-def fidelity(reference: np.ndarray, candidate: np.ndarray) -> float:
-    """Return the minimum row-wise cosine between two sets of unit-norm embeddings."""
-    return float(np.min(np.sum(reference * candidate, axis=1)))
+@dataclass(frozen=True)
+class Fidelity:
+    """Cosine of a mode's vectors to torch fp32's over the same texts: min, 1st percentile and mean."""
+
+    min: float
+    p1: float
+    mean: float
+
+    def as_dict(self) -> dict[str, float]:
+        """Return the three figures rounded for logs, tables and run records."""
+        return {"min": round(self.min, 6), "p1": round(self.p1, 6), "mean": round(self.mean, 6)}
 
 
-def check_fidelity(precision: str, embed_fp32: Callable[[list[str]], np.ndarray], embed_mode: Callable[[list[str]], np.ndarray]) -> float:
-    """Return the probe fidelity of a precision mode; raise ModelLoadError when it is under the floor."""
-    measured = fidelity(embed_fp32(PROBE_TEXTS), embed_mode(PROBE_TEXTS))
-    floor = FIDELITY_FLOOR[precision]
-    if measured < floor:
-        raise ModelLoadError(
-            f"precision {precision} refused: cosine to fp32 is {measured:.4f} on the probe texts, under its floor {floor}"
+def floor_for(precision: str, float_floor: float, int8_floor: float) -> float:
+    """Return the fidelity floor of a precision: the int8 floor for int8, the float floor otherwise."""
+    return int8_floor if precision == "int8" else float_floor
+
+
+def fidelity(reference: np.ndarray, candidate: np.ndarray) -> Fidelity:
+    """Return the row-wise cosine statistics between two embeddings of the same texts (float64, any norm)."""
+    a = np.asarray(reference, dtype=np.float64)
+    b = np.asarray(candidate, dtype=np.float64)
+    cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    if len(cos) == 0:
+        return Fidelity(1.0, 1.0, 1.0)
+    return Fidelity(float(cos.min()), float(np.percentile(cos, 1)), float(cos.mean()))
+
+
+def require_floor(mode: str, measured: Fidelity, floor: float) -> None:
+    """Raise FidelityRefused naming the floor and the measured cosine when measured.min is under floor."""
+    if measured.min < floor:
+        raise FidelityRefused(
+            f"mode {mode} refused: min cosine to torch fp32 is {measured.min:.6f} on the probe texts "
+            f"(p1 {measured.p1:.6f}, mean {measured.mean:.6f}), under its floor {floor}"
         )
-    log.info("precision %s fidelity %.5f (floor %s)", precision, measured, floor)
-    return measured

@@ -17,7 +17,7 @@ from rich.table import Table
 from storage.warehouse import QueryResult
 
 if TYPE_CHECKING:
-    from tasks.results import Published
+    from tasks.results import Published, RunRecord
 
 
 def _json_value(value: Any) -> Any:
@@ -87,6 +87,7 @@ def summary_text(published: Published, elapsed_s: float | None = None, quarantin
         *truncation_warning(r.truncated_texts, r.rows_computed, max_tokens),
         _encode_line(published),
         f"  model {r.model_version}",
+        *_engine_line(r),
         f"  retrieval on held-out interactions: recall@K {_num(r.recall_at_k)} (popularity"
         f" {_num(r.popularity_recall_at_k)}), NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)})",
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in published.stage_seconds.items()),
@@ -117,6 +118,15 @@ def truncation_warning(truncated: int, encoded: int, max_tokens: int | None) -> 
         return []
     limit = f"{max_tokens} tokens" if max_tokens else "the model's maximum length"
     return [f"  warning: {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at {limit}"]
+
+
+def _engine_line(r: RunRecord) -> list[str]:
+    """Return the line naming the inference mode (chosen by calibration or pinned) with its fidelity and speed."""
+    if r.backend is None:
+        return []
+    how = (f"auto, calibrated {_num(r.calibrated_tokens_per_s)} tok/s on {r.calibration_device_kind}"
+           + (" (persisted choice)" if r.calibration_from_cache else "")) if r.calibration_device_kind else "pinned"
+    return [f"  engine: {r.backend}/{r.precision}@{r.token_budget} ({how}); min cosine to torch fp32 {r.fidelity_min:.5f}"]
 
 
 def _encode_line(published: Published) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from nightscore.settings import Settings
 
 if TYPE_CHECKING:
-    from tasks.results import Published
+    from tasks.results import Published, RunRecord
 
 
 def cost(published: Published, settings: Settings) -> dict[str, float]:
@@ -93,6 +93,7 @@ def summary_markdown(published: Published, inputs: dict[str, str], settings: Set
         ("padding efficiency", _number(r.padding_efficiency) if computed else NOTHING_ENCODED),
         ("texts/s (encode)", _number(r.texts_per_s, 1) if computed else NOTHING_ENCODED),
         ("device", r.device if computed else NOTHING_ENCODED), ("wall", f"{r.wall_seconds:.1f} s"),
+        ("encode mode", _engine(r)),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
         (f"cost per 1k items (at ${settings.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
@@ -101,6 +102,15 @@ def summary_markdown(published: Published, inputs: dict[str, str], settings: Set
     for title, uri in plots.items():
         lines += [f"### {title}", f"![{title}]({uri})", ""]
     return "\n".join(lines)
+
+
+def _engine(r: RunRecord) -> str:
+    """Return the inference mode's cell: backend/precision@budget, how it was chosen, its fidelity."""
+    if r.backend is None:
+        return "n/a"
+    how = f"auto: calibrated on `{r.calibration_device_kind}`, {_number(r.calibrated_tokens_per_s, 0)} tok/s" \
+        if r.calibration_device_kind else "pinned"
+    return f"`{r.backend}/{r.precision}@{r.token_budget}` ({how}); min cosine to torch fp32 {_number(r.fidelity_min, 5)}"
 
 
 def _truncated(truncated: int, encoded: int, max_tokens: int) -> str:

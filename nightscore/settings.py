@@ -74,17 +74,38 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
         "auto",
-        description="auto: fp32 on CPU, bf16 on CUDA; int8 = dynamic quantization (CPU), refused under its fidelity floor."
+        description="auto: chosen with backend and token budget by calibration (persisted per device kind); int8 = "
+        "per-channel weights and per-token activations; a pinned mode under its fidelity floor is refused."
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
     token_budget: int | None = Field(
-        None, ge=64, description="Max rows x padded length per batch. Default 2048 on CPU, 65536 on CUDA."
+        None, ge=64, description="Max rows x padded length per batch. Default: auto's calibrated budget (or 2048 CPU / 65536 CUDA)."
     )
     bucket_boundaries: list[int] = Field(
         [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."
     )
     shard_size: int = Field(1024, ge=1, description="Rows per shard (the unit of scheduling and checkpointing).")
+    # Engine backends and `auto` (issue 16): models/ takes these through EncoderSpec, never from the environment.
+    model: str | None = Field(
+        None, description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
+        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2."
+    )
+    backend: Literal["auto", "torch", "openvino"] = Field(
+        "auto", description="auto: chosen with precision and token budget by a short calibration at warm-up, "
+        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused."
+    )
+    fidelity_floor_float: float = Field(
+        0.999, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for float modes (bf16, fp16, fp32 elsewhere)."
+    )
+    fidelity_floor_int8: float = Field(0.99, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for int8.")
+    calibration_budgets: list[int] | None = Field(
+        None, description="Token budgets auto tries. Default 1024/2048/4096 on CPU, 16k-128k on CUDA; token_budget pins one."
+    )
+    recalibrate: bool = Field(False, description="Ignore the persisted calibration and measure again (then persist).")
+    engine_cache_dir: Path | None = Field(
+        None, description="Converted models (by model digest, backend, precision) and calibrations. Default <home>/engine."
+    )
 
     # --- scoring ---------------------------------------------------------------------------
     topic_labels: dict[str, str] = Field(
@@ -201,6 +222,11 @@ class Settings(BaseSettings):
         """Return the warehouse URL or path analysts' queries use (query_warehouse_url, else the warehouse's)."""
         return self.query_warehouse_url or self.warehouse_location
 
+
+    @property
+    def engine_cache(self) -> Path:
+        """Return the folder of converted models and calibrations (local: OpenVINO reads its IR files from disk)."""
+        return self.engine_cache_dir or self.home / "engine"
 
     @property
     def logs_dir(self) -> Path:

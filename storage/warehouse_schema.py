@@ -12,11 +12,11 @@ Dialect = Literal["duckdb", "postgres"]
 
 SQL_TYPES: dict[str, dict[str, str]] = {
     "duckdb": {
-        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT",
+        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT", "boolean": "BOOLEAN",
         "double": "DOUBLE", "vector": "FLOAT[{dim}]",
     },
     "postgres": {
-        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT",
+        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT", "boolean": "BOOLEAN",
         "double": "DOUBLE PRECISION", "vector": "REAL[] CHECK (cardinality({name}) = {dim})",
     },
 }
@@ -55,6 +55,16 @@ RUN_COLUMNS: dict[str, str] = {
     "stage_seconds": "text",
     "data_docs": "text",
     "message": "text",
+    # the inference mode (issue 16): chosen by calibration or pinned, its fidelity to torch fp32 and its speed
+    "backend": "text",
+    "precision": "text",
+    "token_budget": "int",
+    "engine_runtime": "text",
+    "fidelity_min": "double",
+    "fidelity_p1": "double",
+    "calibration_device_kind": "text",
+    "calibrated_tokens_per_s": "double",
+    "calibration_from_cache": "boolean",
 }
 
 TABLES: dict[str, dict[str, str]] = {
@@ -144,7 +154,15 @@ def ddl(embedding_dim: int, dialect: Dialect = "duckdb") -> list[str]:
 def upgrade_ddl(dialect: Dialect) -> list[str]:
     """Return the idempotent statements a writer runs on an existing warehouse: internal tables, current view definitions."""
     statements = [_create_table(table, columns, dialect, 0) for table, columns in INTERNAL_TABLES.items()]
+    statements += added_columns(dialect)
     return statements + [f"CREATE OR REPLACE VIEW {name} AS {sql}" for name, sql in VIEWS.items()]
+
+
+def added_columns(dialect: Dialect) -> list[str]:
+    """Return ALTER TABLE ... ADD COLUMN IF NOT EXISTS for every column a warehouse made by an older release may lack."""
+    return [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {column_sql(name, spec, dialect, 0)}"
+            for table, columns in TABLES.items() for name, spec in columns.items()
+            if "PRIMARY KEY" not in spec and "NOT NULL" not in spec]
 
 
 def object_names(dialect: Dialect) -> list[str]:

@@ -23,7 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
-from models.encoder import EncoderSpec, get_encoder, spec_version
+from models.encoder import EncoderSpec, get_encoder
 from models.engine import encode_texts
 from nightscore import progress as local_progress
 from nightscore.settings import Settings
@@ -35,8 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def encoder_spec(settings: Settings) -> EncoderSpec:
-    """Return the encoder spec the settings ask for."""
-    return EncoderSpec(settings.encoder, settings.device, settings.precision, settings.max_seq_length, settings.num_threads)
+    """Return the encoder spec the settings ask for (auto still to be resolved by calibration: see plan-shards)."""
+    return EncoderSpec(
+        settings.encoder, settings.device, settings.precision, settings.max_seq_length, settings.num_threads,
+        model_path=settings.model, backend=settings.backend, cache_dir=str(settings.engine_cache),
+        float_floor=settings.fidelity_floor_float, int8_floor=settings.fidelity_floor_int8, token_budget=settings.token_budget,
+        calibration_budgets=tuple(settings.calibration_budgets) if settings.calibration_budgets else None,
+        recalibrate=settings.recalibrate)
 
 
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
@@ -53,14 +58,14 @@ def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     lake, cfg = lake_for(run.settings), run.settings
     rows = lake.read_parquet(plan.plan_uri, "plan", columns=["item_id", "text", "content_hash", "shard"],
                              where=pl.col("shard") == shard)  # only this shard's rows: the plan holds the whole run
-    spec = encoder_spec(cfg)
-    base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, spec_version(spec), cfg)}")
+    spec = plan.spec  # auto's choice, pinned at planning: every shard encodes in the same mode
+    base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, plan.model_version, spec)}")
     done = lake.read_json(f"{base}.done")
     if done is not None:
         log.info("shard %d: reused checkpoint %s.parquet (%d texts)", shard, base, done["texts"])
         return ShardResult.from_marker(done)
     encoder = get_encoder(spec)
-    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), cfg.token_budget,
+    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), spec.token_budget,
                                   before_batch=lambda: raise_if_stopped(f"shard {shard}"))
     frame = rows.select("item_id").with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, encoder.dim)))
     lake.write_parquet(frame, f"{base}.parquet")
@@ -74,9 +79,9 @@ def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     return result
 
 
-def shard_key(rows: pl.DataFrame, version: str, settings: Settings) -> str:
-    """Return the checkpoint key of a shard: its vectors' version, encode settings and (item, content) rows."""
-    digest = hashlib.sha256(f"{version}|{settings.max_seq_length}|{settings.token_budget}".encode())
+def shard_key(rows: pl.DataFrame, version: str, spec: EncoderSpec) -> str:
+    """Return the checkpoint key of a shard: its vectors' version, the resolved encode mode and (item, content) rows."""
+    digest = hashlib.sha256(f"{version}|{spec.max_seq_length}|{spec.token_budget}|{spec.length_multiple}".encode())
     for item_id, chash in rows.select("item_id", "content_hash").sort("item_id").iter_rows():
         digest.update(f"\n{item_id}:{chash}".encode())
     return digest.hexdigest()[:16]
@@ -137,4 +142,4 @@ def merge_encode_stats(shards: Sequence[ShardResult], plan: Plan) -> EncodeTotal
         seconds=sum(s.seconds for s in computed), shards=len(shards), shards_reused=len(shards) - len(computed),
         device=computed[0].device if computed else "none", model_version=plan.model_version,
         rows_reused=plan.rows_reused, rows_computed=plan.rows_computed,
-        load_seconds=max((s.load_seconds for s in computed), default=0.0))
+        load_seconds=max((s.load_seconds for s in computed), default=0.0), engine=plan.engine)

@@ -18,7 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tokenizers import Tokenizer
 
-from models.encoder import load_tokenizer, spec_version
+from models.encoder import EncoderSpec, calibration_summary, get_encoder, model_info, resolve_spec, spec_version, tokenizer_for
 from models.planning import assign_shards
 from nightscore.run_context import run_folder
 from nightscore.settings import Settings
@@ -27,7 +27,7 @@ from storage.resources import lake_for, warehouse_for
 from storage.warehouse import Warehouse
 from tasks.encode import encoder_spec
 from tasks.report import start_progress
-from tasks.results import Plan, RunRef, Validated
+from tasks.results import EngineMode, Plan, RunRef, Validated
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +40,50 @@ PLAN_SCHEMA = pl.Schema({"item_id": pl.String, "text": pl.String, "content_hash"
 def plan_shards(run: RunRef, validated: Validated) -> Plan:
     """Produce plan.parquet and reused.parquet; return the shards to encode and the encode progress artifact."""
     started, cfg, lake = time.perf_counter(), run.settings, lake_for(run.settings)
-    tokenizer = load_tokenizer(cfg.max_seq_length)
+    requested = encoder_spec(cfg)
+    spec = resolve_spec(requested)  # auto calibrates here on a new kind of machine, else reads the persisted choice
+    max_length = model_info(spec).max_seq_length
+    tokenizer = tokenizer_for(spec)
     keys = pl.concat([plan_keys(batch, tokenizer) for batch in _item_batches(lake, validated.items_uri)]
                      or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})])
-    version = spec_version(encoder_spec(cfg))
+    version = spec_version(spec)
     reused = write_reused(lake, run, previous_vectors(lake, warehouse_for(cfg)), version, keys)
     full = keys.get_column("full_length").to_numpy()
-    lengths = np.minimum(full, cfg.max_seq_length)
+    lengths = np.minimum(full, max_length)
     columns = keys.select("content_hash").with_columns(
         pl.Series("token_count", lengths, dtype=pl.Int32), shard_column(keys, reused, lengths, cfg))
     lake.write_parquet_frames(_plan_frames(lake, validated.items_uri, columns), run.path("plan.parquet"), PLAN_SCHEMA)
     shards = tuple(sorted(int(s) for s in columns.get_column("shard").unique() if s >= 0))
     log.info("plan: %d items, %d reused from published vectors, %d to encode in %d shards",
              keys.height, reused.len(), keys.height - reused.len(), len(shards))
-    return Plan(run.path("plan.parquet"), run.path("reused.parquet"), shards, keys.height, reused.len(),
-                keys.height - reused.len(), version, int((full > cfg.max_seq_length).sum()), int(lengths.sum()),
+    engine = engine_mode(requested, spec)
+    log.info("encode mode %s (%s), min cosine to torch fp32 %.5f", engine.label, "calibrated" if engine.calibrated
+             else "pinned", engine.fidelity_min)
+    return Plan(spec, engine, run.path("plan.parquet"), run.path("reused.parquet"), shards, keys.height, reused.len(),
+                keys.height - reused.len(), version, int((full > max_length).sum()), int(lengths.sum()),
                 time.perf_counter() - started, start_progress(len(shards)))
+
+
+def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
+    """Return the run's inference mode: the resolved spec's, with its measured fidelity and auto's calibration."""
+    record = get_encoder(resolved).mode_record()  # loaded once per process: the shards and topic scores reuse it
+    calibration = calibration_summary(requested) or {}
+    return EngineMode(
+        backend=str(record["backend"]), precision=str(record["precision"]), token_budget=int(str(record["token_budget"])),
+        runtime=str(record["runtime"]), fidelity_min=float(str(record["fidelity_min"])),
+        fidelity_p1=float(str(record["fidelity_p1"])), fidelity_mean=float(str(record["fidelity_mean"])),
+        calibrated=bool(calibration), device_kind=_text(calibration.get("calibration_device_kind")),
+        calibrated_tokens_per_s=_number(calibration.get("calibration_tokens_per_s")),
+        calibration_from_cache=bool(calibration["calibration_from_cache"]) if calibration else None,
+        calibration_file=_text(calibration.get("calibration_file")))
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _number(value: object) -> float | None:
+    return None if value is None else float(str(value))
 
 
 def content_hash(texts: pl.Series) -> pl.Series:

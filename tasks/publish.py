@@ -47,7 +47,7 @@ from storage.lake import Lake
 from storage.publication import Pointers, drop_unless_current, retract, switch_in_transaction, unstage_cache
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse import Warehouse
-from tasks.results import Candidates, Checked, Published, RunRecord, RunRef, Staged, Stages
+from tasks.results import Candidates, Checked, EngineMode, Published, RunRecord, RunRef, Staged, Stages
 from tasks.validate import record_quarantine
 
 log = logging.getLogger(__name__)
@@ -260,4 +260,12 @@ def run_record(run: RunRef, stages: Stages, stage_seconds: dict[str, float]) -> 
         truncated_texts=encoded.truncated, texts_per_s=encoded.texts_per_s,
         wall_seconds=(finished - started).total_seconds(), device=encoded.device, model_version=encoded.model_version,
         contract_versions=CONTRACT_VERSIONS, stage_seconds=json.dumps(stage_seconds),
-        data_docs=json.dumps({**validated.data_docs, **stages.checked.data_docs}))
+        data_docs=json.dumps({**validated.data_docs, **stages.checked.data_docs}), **engine_columns(encoded.engine))
+
+
+def engine_columns(engine: EngineMode) -> dict[str, object]:
+    """Return the scoring_runs columns of the run's inference mode."""
+    return {"backend": engine.backend, "precision": engine.precision, "token_budget": engine.token_budget,
+            "engine_runtime": engine.runtime, "fidelity_min": engine.fidelity_min, "fidelity_p1": engine.fidelity_p1,
+            "calibration_device_kind": engine.device_kind, "calibrated_tokens_per_s": engine.calibrated_tokens_per_s,
+            "calibration_from_cache": engine.calibration_from_cache}

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
+from models.encoder import EncoderSpec
 from nightscore.run_context import RunContext
 from nightscore.settings import Settings
 
@@ -55,9 +56,37 @@ class Validated:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The run's shard plan (plan.parquet) and the vectors it reuses from the latest publication (reused.parquet)."""
+class EngineMode:
+    """The inference mode a run encodes in: chosen by calibration (auto) or pinned, its fidelity and speed."""
 
+    backend: str
+    precision: str
+    token_budget: int
+    runtime: str
+    fidelity_min: float
+    fidelity_p1: float
+    fidelity_mean: float
+    calibrated: bool  # auto chose the mode by measurement on this kind of machine
+    device_kind: str | None = None
+    calibrated_tokens_per_s: float | None = None
+    calibration_from_cache: bool | None = None  # read from an earlier calibration on this kind of machine
+    calibration_file: str | None = None  # holds every candidate auto measured (the run's artifact shows them)
+
+    @property
+    def label(self) -> str:
+        """Return backend/precision@budget, e.g. openvino/bf16@2048."""
+        return f"{self.backend}/{self.precision}@{self.token_budget}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's shard plan (plan.parquet) and the vectors it reuses from the latest publication (reused.parquet).
+
+    ``spec`` is the encoder spec with auto's choice pinned: every shard, local or on Ray, encodes in that mode.
+    """
+
+    spec: EncoderSpec
+    engine: EngineMode
     plan_uri: str
     reused_uri: str
     shards: tuple[int, ...]
@@ -118,6 +147,7 @@ class EncodeTotals:
     rows_reused: int
     rows_computed: int
     load_seconds: float
+    engine: EngineMode
 
     @property
     def padding_efficiency(self) -> float | None:
@@ -229,6 +259,15 @@ class RunRecord:
     contract_versions: str
     stage_seconds: str  # JSON: stage -> seconds
     data_docs: str  # JSON: dataset -> Data Docs index.html
+    backend: str | None = None
+    precision: str | None = None
+    token_budget: int | None = None
+    engine_runtime: str | None = None
+    fidelity_min: float | None = None
+    fidelity_p1: float | None = None
+    calibration_device_kind: str | None = None
+    calibrated_tokens_per_s: float | None = None
+    calibration_from_cache: bool | None = None
     published_at: datetime | None = None
     message: str | None = None
 

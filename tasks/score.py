@@ -23,7 +23,6 @@ from models.encoder import get_encoder
 from models.engine import encode_texts
 from models.topics import topic_scores
 from storage.resources import lake_for
-from tasks.encode import encoder_spec
 from tasks.results import Plan, RunRef, Scored, ShardResult
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ SCORE_BLOCK = 16_384  # item_ids per range of the external sort that orders item
 def score_items(run: RunRef, plan: Plan, shards: Sequence[ShardResult]) -> Scored:
     """Produce item_scores.parquet: every planned item's embedding with its zero-shot topic and topic_score."""
     started, lake, cfg = time.perf_counter(), lake_for(run.settings), run.settings
-    encoder = get_encoder(encoder_spec(cfg))
+    encoder = get_encoder(plan.spec)
     names = list(cfg.topic_labels)
     labels, _ = encode_texts(encoder, [cfg.topic_labels[n] for n in names])
     bounds = range_bounds(lake.read_parquet(plan.plan_uri, "plan", columns=["item_id"]).get_column("item_id"))

@@ -154,3 +154,71 @@ def test_oom_on_a_single_row_is_raised(tiny: TextEncoder, monkeypatch: pytest.Mo
     monkeypatch.setattr(tiny, "embed", always_oom)
     with pytest.raises(torch.OutOfMemoryError):
         encode_texts(tiny, TEXTS[:3])
+
+
+def test_length_multiple_pads_batches_and_counts_the_padding(tiny: TextEncoder) -> None:
+    expected, plain = encode_texts(tiny, TEXTS, token_budget=256)
+    tiny.backend.length_multiple = 16
+    try:
+        ids, mask = tiny.collate([[101, 7, 102], [101, 102]])
+        assert ids.shape == mask.shape == (2, 16)
+        assert int(mask.sum()) == 5 and bool((ids[mask == 0] == tiny.pad_id).all())
+        out, stats = encode_texts(tiny, TEXTS, token_budget=256)
+    finally:
+        tiny.backend.length_multiple = 1
+    assert stats.padded_tokens % 16 == 0 and stats.padded_tokens > plain.padded_tokens
+    assert np.all(cos_rows(out, expected) >= 0.9999)  # padding is masked out: the vectors do not move
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_pooling_modes_ignore_padding(mode: str) -> None:
+    from models.pooling import pool
+
+    hidden = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    expected = {"mean": [2.0, 2.0], "cls": [1.0, 5.0], "max": [3.0, 5.0]}[mode]
+    np.testing.assert_allclose(pool(hidden, mask, mode, normalize=False)[0], expected)
+    unit = pool(hidden, mask, mode, normalize=True)[0]
+    np.testing.assert_allclose(unit, np.asarray(expected) / np.linalg.norm(expected), rtol=1e-6)
+    # numpy hidden states (OpenVINO's) take the numpy path: same numbers
+    np.testing.assert_allclose(pool(hidden.numpy(), mask.numpy(), mode, normalize=True)[0], unit, rtol=1e-6)
+
+
+def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path) -> None:
+    from models.encoder import spec_version
+
+    spec = EncoderSpec(kind="tiny", cache_dir=str(tmp_path))
+    encoder = get_encoder(spec)
+    assert (encoder.backend.name, encoder.backend.precision, encoder.calibration) == ("torch", "fp32", None)
+    assert spec_version(spec) == encoder.version == "tiny-bert-random@seed0"
+    assert not (tmp_path / "calibration").exists()
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_numpy_and_torch_pooling_agree_on_random_batches(mode: str, normalize: bool) -> None:
+    from models.pooling import pool
+
+    rng = np.random.default_rng(3)
+    hidden = rng.normal(size=(7, 11, 16)).astype(np.float32)
+    lengths = rng.integers(1, 12, size=7)
+    mask = (np.arange(11)[None, :] < lengths[:, None]).astype(np.int64)
+    a = pool(torch.from_numpy(hidden), torch.from_numpy(mask), mode, normalize)
+    b = pool(hidden, mask, mode, normalize)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_float() -> None:
+    from models.calibration import Mode, Trial, choose
+    from models.precision import Fidelity
+
+    def trial(backend: str, precision: str, budget: int, multiple: int, speed: float, cos: float) -> Trial:
+        floor = 0.99 if precision == "int8" else 0.999
+        return Trial(Mode(backend, precision, budget, multiple), floor, Fidelity(cos, cos, cos), speed)
+
+    fast_pad = trial("openvino", "bf16", 1024, 16, 103.0, 0.9999)
+    plain = trial("openvino", "bf16", 2048, 1, 100.0, 0.9999)
+    int8 = trial("openvino", "int8", 2048, 1, 101.0, 0.995)
+    assert choose([fast_pad, plain, int8]) is plain  # all within 5%: no extra padding, then float
+    clear_win = trial("openvino", "int8", 4096, 1, 120.0, 0.995)
+    assert choose([fast_pad, plain, int8, clear_win]) is clear_win  # 20% faster is not noise

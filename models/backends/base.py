@@ -1,0 +1,58 @@
+"""The backend interface: load a model in one precision, warm it up, run a padded batch to hidden states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from models.st_layout import ModelInfo
+
+
+class BackendUnavailable(Exception):
+    """A backend or precision cannot run on this machine; the message says why (tests skip with it)."""
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """What a backend is asked to load: the model, its fp32 torch module, the precision, device and cache."""
+
+    info: ModelInfo
+    module: torch.nn.Module  # the fp32 reference model, in eval mode; a backend casts or converts a copy
+    precision: str
+    device: torch.device
+    threads: int
+    cache_dir: Path | None  # converted models live under <cache_dir>/converted/<digest>/<backend>-<precision>/
+    # (input_ids, mask) batches of the built-in calibration corpus: activation statistics for int8 smoothing
+    sample_batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+
+
+class Backend(Protocol):
+    """One loaded model in one precision on one device."""
+
+    name: str
+    precision: str
+    length_multiple: int  # batch lengths are padded up to a multiple of this (1: no extra padding)
+
+    @property
+    def version(self) -> str:
+        """Return the runtime and precision that produce the vectors, e.g. 'openvino-2026.4.1/bf16'."""
+        ...
+
+    def warm_up(self, input_ids: np.ndarray, mask: np.ndarray) -> None:
+        """Run one batch and discard it (first-call compilation and allocation happen here)."""
+        ...
+
+    def hidden_states(self, input_ids: np.ndarray, mask: np.ndarray) -> torch.Tensor | np.ndarray:
+        """Return the last hidden states [rows, length, width] of one padded batch (any float dtype)."""
+        ...
+
+
+def converted_dir(request: BackendRequest, backend: str) -> Path | None:
+    """Return the cache folder of a converted model keyed by model digest, backend and precision, or None."""
+    if request.cache_dir is None:
+        return None
+    return Path(request.cache_dir) / "converted" / request.info.digest / f"{backend}-{request.precision}"

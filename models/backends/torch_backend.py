@@ -1,0 +1,67 @@
+"""The torch backend: fp32, bf16/fp16 with the weights cast (pooling stays fp32), int8 per-token (CPU)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from models.backends.base import BackendRequest, BackendUnavailable
+from models.backends.int8 import Int8Linear, activation_maxima, quantized_copy
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+
+
+def unavailable_reason(precision: str, device: torch.device) -> str | None:
+    """Return why torch cannot run precision on device, or None when it can."""
+    if precision not in PRECISIONS:
+        return f"torch has no precision {precision!r}"
+    if precision == "int8" and device.type != "cpu":
+        return "torch int8 (per-token _int_mm) runs on CPU only"
+    if precision == "fp16" and device.type == "cpu":
+        return "fp16 on CPU is emulated (slow); use bf16 or int8"
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this CUDA device has no bf16"
+    return None
+
+
+class TorchBackend:
+    """A transformers model run by torch eagerly in one precision."""
+
+    name = "torch"
+    shape_sensitive = False
+
+    def __init__(self, request: BackendRequest) -> None:
+        reason = unavailable_reason(request.precision, request.device)
+        if reason:
+            raise BackendUnavailable(reason)
+        self.precision = request.precision
+        self.device = request.device
+        self.length_multiple = 1
+        if request.precision == "int8":
+            maxima = activation_maxima(request.module, list(request.sample_batches)) if request.sample_batches else None
+            model = quantized_copy(request.module, Int8Linear, maxima)
+        elif request.precision == "fp32":
+            model = request.module
+        else:
+            model = copy.deepcopy(request.module).to(DTYPES[request.precision])
+        self.model = model.to(self.device).eval()
+
+    @property
+    def version(self) -> str:
+        """Return torch's version and the precision."""
+        return f"torch-{torch.__version__.split('+')[0]}/{self.precision}"
+
+    def warm_up(self, input_ids: np.ndarray, mask: np.ndarray) -> None:
+        """Run one batch and discard it."""
+        self.hidden_states(input_ids, mask)
+
+    def hidden_states(self, input_ids: np.ndarray | torch.Tensor, mask: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Return the last hidden states of one padded batch (on the model's device, its dtype)."""
+        non_blocking = self.device.type == "cuda"
+        ids = torch.as_tensor(input_ids).to(self.device, non_blocking=non_blocking)
+        attention = torch.as_tensor(mask).to(self.device, non_blocking=non_blocking)
+        with torch.inference_mode():
+            return self.model(input_ids=ids, attention_mask=attention).last_hidden_state

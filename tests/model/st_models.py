@@ -1,0 +1,76 @@
+"""Small randomly initialised sentence-transformers models of several architectures, saved to a folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from models.encoder import model_dir
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One test architecture: transformers config class, width, pooling mode, normalisation, max length."""
+
+    name: str
+    config: str
+    width: int
+    pooling: str
+    normalize: bool
+    max_seq_length: int = 128
+
+
+ARCHS = [
+    Arch("bert-mean", "BertConfig", 64, "mean", True),
+    Arch("distilbert-cls", "DistilBertConfig", 48, "cls", False),
+    Arch("mpnet-max", "MPNetConfig", 96, "max", True),
+    Arch("roberta-mean", "RobertaConfig", 80, "mean", False, 96),
+]
+
+
+def _config(arch: Arch):  # noqa: ANN202 - a transformers PretrainedConfig
+    import transformers
+
+    cls = getattr(transformers, arch.config)
+    common = {"vocab_size": 30522, "pad_token_id": 0}
+    if arch.config == "DistilBertConfig":
+        return cls(dim=arch.width, n_layers=2, n_heads=4, hidden_dim=arch.width * 2, max_position_embeddings=512, **common)
+    positions = 514 if arch.config in ("RobertaConfig", "MPNetConfig") else 512
+    return cls(hidden_size=arch.width, num_hidden_layers=2, num_attention_heads=4, intermediate_size=arch.width * 2,
+               max_position_embeddings=positions, **common)
+
+
+def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
+    """Write a random model of arch in sentence-transformers layout under folder/arch.name and return the path."""
+    import transformers
+
+    path = folder / arch.name
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.AutoModel.from_config(_config(arch))
+    with torch.no_grad():  # widen the random weights a little so layers (not just embeddings) shape the output
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(model_dir() / name, path / name)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if arch.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "2_Normalize").mkdir(exist_ok=True)
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": arch.width, "pooling_mode_cls_token": arch.pooling == "cls",
+        "pooling_mode_mean_tokens": arch.pooling == "mean", "pooling_mode_max_tokens": arch.pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False}))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": arch.max_seq_length, "do_lower_case": False}))
+    return path

@@ -1,0 +1,63 @@
+"""Fidelity of every precision on the configured device (NIGHTSCORE_DEVICE): against fp32 on the same device and
+against CPU fp32, on all-MiniLM-L6-v2 (or NIGHTSCORE_MODEL). On a CPU-only machine the device is the CPU.
+
+benchmarks/gpu_check.sh runs this file with NIGHTSCORE_DEVICE=cuda on the GPU host (issue 19, step 2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.backends.registry import BACKENDS, unavailable_reason
+from models.encoder import EncoderSpec, TextEncoder, load_encoder, resolve_device
+from models.engine import encode_texts
+from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS
+from nightscore.settings import load_settings
+from tests.helpers import cos_rows
+
+TEXTS = [*PROBE_TEXTS, "a", "", "Breaking news", "東京は日本の首都です。", "word " * 600,
+         "The central bank raised interest rates by a quarter point on Wednesday."] * 3
+
+
+def _device() -> torch.device:
+    return resolve_device(load_settings().device)
+
+
+def _spec(device: torch.device, backend: str, precision: str) -> EncoderSpec:
+    model = load_settings().model
+    return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model)
+
+
+@pytest.fixture(scope="module")
+def cpu_fp32() -> np.ndarray:
+    return encode_texts(load_encoder(_spec(torch.device("cpu"), "torch", "fp32")), TEXTS)[0]
+
+
+@pytest.fixture(scope="module")
+def device_fp32() -> TextEncoder:
+    return load_encoder(_spec(_device(), "torch", "fp32"))
+
+
+def test_fp32_on_the_device_matches_cpu_fp32(device_fp32: TextEncoder, cpu_fp32: np.ndarray) -> None:
+    out, _ = encode_texts(device_fp32, TEXTS)
+    assert cos_rows(out, cpu_fp32).min() >= 0.9999  # TF32 is off by default in torch: fp32 stays fp32
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_precision_against_fp32_on_the_device_and_on_cpu(device_fp32: TextEncoder, cpu_fp32: np.ndarray,
+                                                        backend: str, precision: str) -> None:
+    device = _device()
+    reason = unavailable_reason(backend, precision, device)
+    if reason:
+        pytest.skip(f"{backend}/{precision} on {device.type}: {reason}")
+    encoder = load_encoder(_spec(device, backend, precision))  # refused (FidelityRefused) if under its floor
+    out, stats = encode_texts(encoder, TEXTS)
+    floor = DEFAULT_INT8_FLOOR if precision == "int8" else DEFAULT_FLOAT_FLOOR
+    same_device = cos_rows(out, encode_texts(device_fp32, TEXTS)[0])
+    against_cpu = cos_rows(out, cpu_fp32)
+    print(f"{backend}/{precision} on {device}: min cos {same_device.min():.5f} (same device), {against_cpu.min():.5f} (CPU fp32)")
+    assert same_device.min() >= floor and against_cpu.min() >= floor
+    assert stats.padded_tokens >= stats.real_tokens
