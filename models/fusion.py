@@ -1,0 +1,189 @@
+"""Fusion of the sources' lists: union, weighted reciprocal-rank fusion, a quota of new items, and its tuning.
+
+For a user and an item in the union of every list's top N:
+    fused(u, j) = sum over lists s containing j of weight_s / (rrf_k + rank_s(u, j))     (rank from 1)
+The user's K candidates are first the best ``round(new_quota x K)`` new items (no interaction in the
+History) by fused score, when there are that many, then the best of the rest; they are ordered by fused
+score (ties: lower item row). Items whose fused score is 0 (only lists of weight 0) are dropped.
+
+Tuning (tune_fusion) uses a validation split carved out of the training part: coordinate ascent over
+each list's weight and rrf_k maximising recall@K (the lists that feed the quota, content_new, never get
+weight 0: their items would score 0 and leave the quota empty), then the smallest quota whose cold-item recall on
+validation reaches ``cold_target`` (the largest quota when none does), then one more weight round at that
+quota. Every step keeps the best value seen (ties keep the current one), so it is deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from models.evaluation import Split, metrics_of
+from models.sources.base import Lists
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FusionParams:
+    """Weights per list name, the RRF constant, the new-item quota (share of K) and K."""
+
+    weights: Mapping[str, float]
+    rrf_k: float = 60.0
+    new_quota: float = 0.1
+    k: int = 100
+
+
+@dataclass(frozen=True)
+class Union:
+    """Distinct (user, item) entries of the lists, grouped by user, with every list's rank and score."""
+
+    names: tuple[str, ...]
+    users: np.ndarray
+    items: np.ndarray
+    ranks: np.ndarray
+    scores: np.ndarray
+    n_users: int
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A user's K fused candidates: item rows, fused score, and per list (last axis, in names order) rank and score.
+
+    Empty slots: item -1, score -inf; a list that does not hold the item: rank 0, score NaN.
+    """
+
+    names: tuple[str, ...]
+    rows: np.ndarray
+    scores: np.ndarray
+    ranks: np.ndarray
+    source_scores: np.ndarray
+
+
+def union_of(lists: Mapping[str, Lists]) -> Union:
+    """Return the union of the lists (all of one set of users, same row order)."""
+    names = tuple(sorted(lists))
+    n_users = len(next(iter(lists.values())).rows) if lists else 0
+    users, items, src, rank, score = [], [], [], [], []
+    for s, name in enumerate(names):
+        rows = lists[name].rows
+        u, r = np.nonzero(rows >= 0)
+        users.append(u), items.append(rows[u, r]), src.append(np.full(len(u), s)), rank.append(r + 1)
+        score.append(lists[name].scores[u, r])
+    u, i, s, r, v = (np.concatenate(x) if x else np.zeros(0) for x in (users, items, src, rank, score))
+    n_items = int(i.max(initial=0)) + 1
+    keys, inverse = np.unique(u.astype(np.int64) * n_items + i.astype(np.int64), return_inverse=True)
+    ranks = np.zeros((len(keys), len(names)), dtype=np.int32)
+    scores = np.full((len(keys), len(names)), np.nan, dtype=np.float32)
+    ranks[inverse, s.astype(np.int64)] = r
+    scores[inverse, s.astype(np.int64)] = v
+    return Union(names, (keys // n_items).astype(np.int64), (keys % n_items).astype(np.int64), ranks, scores, n_users)
+
+
+def _within_user(mask: np.ndarray, users: np.ndarray, n_users: int) -> np.ndarray:
+    """Return, for entries sorted by user, how many earlier entries of the same user have mask set."""
+    running = np.cumsum(mask) - mask
+    first = np.searchsorted(users, np.arange(n_users))
+    before = np.r_[running, running[-1] + mask[-1] if len(mask) else 0][first]
+    return running - before[users]
+
+
+def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
+    """Return the K fused candidates per user of a union (see the module docstring)."""
+    weights = np.array([params.weights.get(name, 0.0) for name in union.names], dtype=np.float64)
+    contrib = np.where(union.ranks > 0, weights / (params.rrf_k + union.ranks), 0.0)
+    fused = contrib.sum(axis=1)
+    keep = np.flatnonzero(fused > 0)
+    order = keep[np.lexsort((union.items[keep], -fused[keep], union.users[keep]))]
+    users, new = union.users[order], is_new[union.items[order]]
+    quota = int(round(params.new_quota * params.k))
+    by_quota = new & (_within_user(new, users, union.n_users) < quota)
+    room = params.k - np.bincount(users[by_quota], minlength=union.n_users)
+    rest = ~by_quota
+    chosen = order[by_quota | (rest & (_within_user(rest, users, union.n_users) < room[users]))]
+    slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
+    return _fused_arrays(union, chosen, slot, fused, params.k)
+
+
+def _fused_arrays(union: Union, chosen: np.ndarray, slot: np.ndarray, fused: np.ndarray, k: int) -> Fused:
+    """Return the Fused arrays with the chosen entries at their slots."""
+    n, s = union.n_users, len(union.names)
+    rows = np.full((n, k), -1, dtype=np.int32)
+    scores = np.full((n, k), -np.inf, dtype=np.float32)
+    ranks = np.zeros((n, k, s), dtype=np.int32)
+    source_scores = np.full((n, k, s), np.nan, dtype=np.float32)
+    u = union.users[chosen]
+    rows[u, slot], scores[u, slot] = union.items[chosen], fused[chosen]
+    ranks[u, slot], source_scores[u, slot] = union.ranks[chosen], union.scores[chosen]
+    return Fused(union.names, rows, scores, ranks, source_scores)
+
+
+def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -> Fused:
+    """Return the fused candidates of the lists."""
+    return select(union_of(lists), params, is_new)
+
+
+@dataclass(frozen=True)
+class TuningGrid:
+    """The values tune_fusion tries."""
+
+    weights: Sequence[float] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+    rrf_k: Sequence[float] = (5.0, 20.0, 60.0)
+    new_quota: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.3)
+    rounds: int = 2
+    cold_target: float = 0.3
+    fixed: Mapping[str, float] = field(default_factory=dict)
+    quota_lists: Sequence[str] = ("content_new",)
+
+
+def _score(union: Union, params: FusionParams, is_new: np.ndarray, split: Split, n_items: int) -> dict[str, float]:
+    return metrics_of(select(union, params, is_new).rows, split, n_items, params.k)
+
+
+def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, split: Split,
+                   n_items: int, rounds: int) -> tuple[FusionParams, float]:
+    """Return the params after coordinate ascent on recall@K over weights and rrf_k, and their recall."""
+    best = _score(union, params, is_new, split, n_items)["recall_at_k"]
+    for _ in range(rounds):
+        for name in union.names:
+            if name in grid.fixed:
+                continue
+            for value in grid.weights:
+                if value <= 0 and name in grid.quota_lists:
+                    continue  # the quota draws new items from these lists: a weight of 0 would empty it
+                trial = replace(params, weights={**params.weights, name: value})
+                recall = _score(union, trial, is_new, split, n_items)["recall_at_k"]
+                if recall > best + 1e-12:
+                    params, best = trial, recall
+        for value in grid.rrf_k:
+            recall = _score(union, replace(params, rrf_k=value), is_new, split, n_items)["recall_at_k"]
+            if recall > best + 1e-12:
+                params, best = replace(params, rrf_k=value), recall
+    return params, best
+
+
+def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, split: Split,
+                n_items: int) -> FusionParams:
+    """Return params with the smallest quota whose validation cold recall reaches the target (else the largest)."""
+    for quota in sorted(grid.new_quota):
+        cold = _score(union, replace(params, new_quota=quota), is_new, split, n_items)["cold_recall_at_k"]
+        if math.isnan(cold) or cold >= grid.cold_target:
+            return replace(params, new_quota=quota)
+    return replace(params, new_quota=max(grid.new_quota))
+
+
+def tune_fusion(lists: Mapping[str, Lists], split: Split, is_new: np.ndarray, n_items: int, k: int,
+                grid: TuningGrid = TuningGrid()) -> tuple[FusionParams, dict[str, float]]:
+    """Return the tuned FusionParams and their validation metrics (lists are of split.users, in that order)."""
+    union = union_of(lists)
+    params = FusionParams({name: grid.fixed.get(name, 1.0) for name in union.names}, new_quota=0.0, k=k)
+    params, _ = _weight_rounds(union, params, grid, is_new, split, n_items, grid.rounds)
+    params = _pick_quota(union, params, grid, is_new, split, n_items)
+    params, _ = _weight_rounds(union, params, grid, is_new, split, n_items, 1)
+    metrics = _score(union, params, is_new, split, n_items)
+    log.info("fusion tuned on %d validation users: %s -> %s", len(split.users), params, metrics)
+    return params, metrics
