@@ -1,8 +1,10 @@
 """Content source: today's user-vector cosine over the item embeddings (models.retrieval), in two views.
 
     content       the top-N unseen items by cos(user vector, item embedding) over the whole catalogue
-    content_new   the same score restricted to items with no interaction in the History: the only list
-                  that reaches new items, which the fusion's quota draws from
+    content_new   the same score restricted to new items: no interaction in the History and created at
+                  most ``new_days`` before the History's now (items with no interaction that are older
+                  are dead stock, rarely wanted); the only list that reaches new items, and the one the
+                  fusion's quota draws from
 User vectors are the weighted sum of the user's items' embeddings, normalised (retrieval.user_vectors, with
 the History's weights). Embeddings stream as ItemChunks: each recommend call makes two passes over the
 blocks (gather the users' items, then score every block once for both views). Users with no history get
@@ -15,9 +17,10 @@ import numpy as np
 import torch
 
 from models.retrieval import Interactions, ItemChunks, streamed_top_k_views, user_vectors
-from models.sources.base import History, Lists, item_counts
+from models.sources.base import History, Lists, item_counts, to_epoch_us
 
 CONTENT, CONTENT_NEW = "content", "content_new"
+_US_PER_DAY = 86_400 * 1_000_000
 
 
 class ContentSource:
@@ -25,11 +28,12 @@ class ContentSource:
 
     name = CONTENT
 
-    def __init__(self, items: ItemChunks, history: History, device: torch.device, chunk: int) -> None:
+    def __init__(self, items: ItemChunks, history: History, new_items: np.ndarray, device: torch.device,
+                 chunk: int) -> None:
         if items.n_items != history.n_items:
             raise ValueError(f"embeddings cover {items.n_items} items, the history {history.n_items}")
         self.items, self.history, self.device, self.chunk = items, history, device, chunk
-        self.new_items = item_counts(history) == 0
+        self.new_items = new_items
         self.starts = np.searchsorted(history.user_rows, np.arange(history.n_users + 1))
 
     def _user_history(self, users: np.ndarray) -> Interactions:
@@ -63,6 +67,13 @@ def _pad(lists: Lists, n: int) -> Lists:
     return Lists(rows, np.hstack([lists.scores, np.full((len(lists.rows), missing), -np.inf, np.float32)]))
 
 
-def fit_content(items: ItemChunks, history: History, device: torch.device | None = None, chunk: int = 2048) -> ContentSource:
+def new_item_mask(history: History, created_us: np.ndarray, new_days: float) -> np.ndarray:
+    """Return the items with no interaction in the History created at most new_days before its now."""
+    age_days = (to_epoch_us(history.now) - created_us) / _US_PER_DAY
+    return (item_counts(history) == 0) & (age_days <= new_days)
+
+
+def fit_content(items: ItemChunks, history: History, created_us: np.ndarray, new_days: float = 30.0,
+                device: torch.device | None = None, chunk: int = 2048) -> ContentSource:
     """Return the content source over streamed item embeddings (unit-norm rows, in item-row order)."""
-    return ContentSource(items, history, device or torch.device("cpu"), chunk)
+    return ContentSource(items, history, new_item_mask(history, created_us, new_days), device or torch.device("cpu"), chunk)
