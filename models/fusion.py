@@ -95,7 +95,7 @@ def _within_user(mask: np.ndarray, users: np.ndarray, n_users: int) -> np.ndarra
 def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
     """Return the K fused candidates per user of a union (see the module docstring)."""
     weights = np.array([params.weights.get(name, 0.0) for name in union.names], dtype=np.float64)
-    contrib = np.where(union.ranks > 0, weights / (params.rrf_k + union.ranks), 0.0)
+    contrib = np.where(union.ranks > 0, weights / (params.rrf_k + np.maximum(union.ranks, 1)), 0.0)
     fused = contrib.sum(axis=1)
     keep = np.flatnonzero(fused > 0)
     order = keep[np.lexsort((union.items[keep], -fused[keep], union.users[keep]))]

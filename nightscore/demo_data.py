@@ -83,7 +83,7 @@ NULL_TITLE_SHARE = 0.01
 
 # Behaviour shape.
 PREFERRED_SHARE = 0.8
-ZIPF_EXPONENT = 1.1
+ZIPF_EXPONENT = 1.25
 INTERACTIONS_MEDIAN = 14.0
 INTERACTIONS_MAX = 300
 MIN_INTERACTIONS = 1
@@ -191,12 +191,18 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
     )
 
 
-def _popularity_cdf(rng: np.random.Generator, topic_idx: np.ndarray, n_groups: int = len(TOPIC_WORDS)) -> tuple[np.ndarray, np.ndarray]:
-    """Return items ordered by group and a CDF that rises from g to g + 1 over group g (Zipf within group)."""
-    order = np.lexsort((rng.random(topic_idx.size), topic_idx))
+def _popularity_cdf(rng: np.random.Generator, topic_idx: np.ndarray, n_groups: int = len(TOPIC_WORDS),
+                    item_weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Return items ordered by group and a CDF that rises from g to g + 1 over group g.
+
+    Within a group the weights are Zipf over a random order, or the given per-item weights.
+    """
+    key = rng.random(topic_idx.size) if item_weights is None else -item_weights
+    order = np.lexsort((key, topic_idx))
     sorted_topics = topic_idx[order]
     starts = np.searchsorted(sorted_topics, sorted_topics, side="left")
-    weights = 1.0 / (np.arange(topic_idx.size) - starts + 1.0) ** ZIPF_EXPONENT
+    weights = (1.0 / (np.arange(topic_idx.size) - starts + 1.0) ** ZIPF_EXPONENT if item_weights is None
+               else item_weights[order])
     totals = np.bincount(sorted_topics, weights=weights, minlength=n_groups)
     within = np.cumsum(weights) - np.concatenate([[0.0], np.cumsum(totals)])[sorted_topics]
     cdf = sorted_topics + within / totals[sorted_topics]
@@ -261,6 +267,7 @@ class _Structure:
     bundle_pos: np.ndarray
     cluster: np.ndarray
     n_clusters: int
+    appeal: np.ndarray
 
 
 def _cut(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.ndarray:
@@ -287,7 +294,12 @@ def _structure(rng: np.random.Generator, topic_idx: np.ndarray) -> _Structure:
     cluster = np.where(rng.random(n) < CLUSTER_TOPIC_SHARE,
                        topic_idx + len(TOPIC_WORDS) * rng.integers(0, per_topic, n),
                        rng.integers(0, per_topic * len(TOPIC_WORDS), n))
-    return _Structure(series_next, bundle_order, start, sz, pos, cluster, per_topic * len(TOPIC_WORDS))
+    # an item's appeal: Zipf over its rank within its topic; popular items are popular in their cluster too
+    in_topic = np.lexsort((rng.random(n), topic_idx))
+    rank = np.empty(n, dtype=np.int64)
+    rank[in_topic] = np.arange(n) - np.searchsorted(topic_idx[in_topic], topic_idx[in_topic])
+    appeal = 1.0 / (rank + 1.0) ** ZIPF_EXPONENT
+    return _Structure(series_next, bundle_order, start, sz, pos, cluster, per_topic * len(TOPIC_WORDS), appeal)
 
 
 def _bundle_partner(rng: np.random.Generator, s: _Structure, items: np.ndarray) -> np.ndarray:
@@ -306,7 +318,7 @@ def _anchors(rng: np.random.Generator, topic_idx: np.ndarray, s: _Structure, use
     n_favourite = rng.integers(1, 4, n_users)
     pick = np.floor(rng.random(user.size) * n_favourite[user]).astype(np.int64)
     chosen = favourites[user, pick]
-    order, cdf = _popularity_cdf(rng, s.cluster, s.n_clusters)
+    order, cdf = _popularity_cdf(rng, s.cluster, s.n_clusters, s.appeal)
     present = np.bincount(s.cluster, minlength=s.n_clusters) > 0
     chosen = np.where(present[chosen], chosen, s.cluster[by_topic])
     by_cluster = order[np.minimum(np.searchsorted(cdf, chosen + rng.uniform(1e-12, 1.0, user.size)), cdf.size - 1)]
