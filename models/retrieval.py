@@ -125,40 +125,22 @@ def _seen_by_user(seen: Interactions) -> tuple[np.ndarray, np.ndarray]:
 
 def _streamed_top_k(users: torch.Tensor, items: ItemChunks, seen: Interactions, k: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """Return top_k_items over item blocks: each block's exact top-K merged into a running top-K per user."""
-    return streamed_top_k_views(users, items, seen, k, chunk, [None])[0]
-
-
-def streamed_top_k_views(
-    users: torch.Tensor, items: ItemChunks, seen: Interactions, k: int, chunk: int, views: list[np.ndarray | None]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Return, for each view, top_k_items restricted to the item rows the view allows, in ONE pass over the blocks.
-
-    A view is a boolean array over item rows (True = may be returned) or None (every item). Each block's
-    score matrix is computed once and shared by the views; results are as top_k_items' (same tie order).
-    """
     k = min(k, items.n_items)
-    outs = [(np.full((users.shape[0], k), -1, dtype=np.int64), np.full((users.shape[0], k), -np.inf, dtype=np.float32))
-            for _ in views]
+    out_rows = np.full((users.shape[0], k), -1, dtype=np.int64)
+    out_scores = np.full((users.shape[0], k), -np.inf, dtype=np.float32)
     seen_users, seen_items = _seen_by_user(seen)
     starts = list(range(0, users.shape[0], chunk))
     bounds = np.searchsorted(seen_users, [*starts, users.shape[0]])
     for offset, block in items.blocks(users.device):
         in_block = (seen_items >= offset) & (seen_items < offset + block.shape[0])
-        hidden = [None if view is None else torch.from_numpy(~view[offset:offset + block.shape[0]]).to(users.device)
-                  for view in views]
         for n, start in enumerate(starts):
             stop = min(start + chunk, users.shape[0])
             pick = np.flatnonzero(in_block[bounds[n]:bounds[n + 1]]) + bounds[n]
             mask = (seen_users[pick] - start, seen_items[pick] - offset)
-            with torch.inference_mode():
-                shared = _masked_scores(users[start:stop], block, mask)
-            for (out_rows, out_scores), hide in zip(outs, hidden, strict=True):
-                rows, scores = _top_of_scores(shared if hide is None else shared.masked_fill(hide, -torch.inf),
-                                              min(k, block.shape[0]))
-                rows[rows >= 0] += offset
-                out_rows[start:stop], out_scores[start:stop] = _merge_top_k(
-                    out_rows[start:stop], out_scores[start:stop], rows, scores, k)
-    return outs
+            rows, scores = _chunk_top_k(users[start:stop], block, mask, min(k, block.shape[0]))
+            rows[rows >= 0] += offset
+            out_rows[start:stop], out_scores[start:stop] = _merge_top_k(out_rows[start:stop], out_scores[start:stop], rows, scores, k)
+    return out_rows, out_scores
 
 
 def _merge_top_k(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, scores_b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -170,27 +152,16 @@ def _merge_top_k(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, s
     return rows, scores
 
 
-def _masked_scores(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
-    """Return users @ items.T with the seen (local user, local item) pairs at -inf."""
-    scores = users @ items.T
-    scores[torch.from_numpy(seen[0]).to(scores.device), torch.from_numpy(seen[1]).to(scores.device)] = -torch.inf
-    return scores
-
-
-def _top_of_scores(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return the exact top-k (score desc, item asc) of each row of a score matrix; -1 / -inf where unfilled."""
+def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
     with torch.inference_mode():
+        scores = users @ items.T
+        scores[torch.from_numpy(seen[0]).to(scores.device), torch.from_numpy(seen[1]).to(scores.device)] = -torch.inf
         values, index = _top_k_past_ties(scores, k)
     order = np.lexsort((index, -values), axis=1)[:, :k]  # exact (score desc, item asc): deterministic ties
     rows = np.take_along_axis(index, order, axis=1)
     vals = np.take_along_axis(values, order, axis=1)
     rows[~np.isfinite(vals)] = -1
     return rows, vals
-
-
-def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
-    with torch.inference_mode():
-        return _top_of_scores(_masked_scores(users, items, seen), k)
 
 
 def _top_k_past_ties(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +171,9 @@ def _top_k_past_ties(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarr
         values, index = torch.topk(scores, width, dim=1)
         values, index = values.cpu().numpy(), index.cpu().numpy()
         # torch.topk picks among equal scores arbitrarily: widen until the cut falls between different scores
-        if width == n_items or not (values[:, k - 1] == values[:, width - 1]).any():
+        # (ties at -inf do not count: those slots are returned empty)
+        tied = (values[:, k - 1] == values[:, width - 1]) & np.isfinite(values[:, k - 1])
+        if width == n_items or not tied.any():
             return values, index
         width = min(width * 2, n_items)
 

@@ -186,3 +186,19 @@ def test_seen_matrix_sums_repeated_interactions(co_case: tuple[Catalogue, Encode
     _, _, history = co_case
     matrix = user_item_matrix(history)
     assert matrix.shape == (5, 6) and matrix.nnz == 7 and matrix[4].nnz == 0
+
+
+def test_content_user_vectors_equal_todays_formula(co_case: tuple[Catalogue, EncodedLog, History]) -> None:
+    """Summing block by block gives retrieval.user_vectors' vectors (same weights, same normalisation)."""
+    import torch
+
+    from models.retrieval import Interactions, user_vectors
+
+    catalogue, _, history = co_case
+    vectors = _unit(np.random.default_rng(1).standard_normal((6, 5)).tolist())
+    source = fit_content(ItemChunks.of(vectors, 4), history, catalogue.created_us)
+    users = np.arange(catalogue.n_users)
+    inter = Interactions(history.user_rows.astype(np.int64), history.item_rows.astype(np.int64), history.weights,
+                         catalogue.n_users)
+    expected = user_vectors(torch.from_numpy(vectors), inter).numpy()
+    np.testing.assert_allclose(source._user_vectors(source._user_history(users)).numpy(), expected, atol=1e-6)
