@@ -64,7 +64,7 @@ class CandidateConfig:
     new_days: float = 30.0
     user_chunk: int = 4096
     content_chunk: int = 2048
-    max_tune_users: int = 20_000
+    max_tune_users: int = 5_000
     max_eval_users: int = 20_000
     device: str = "cpu"
     seed: int = 0

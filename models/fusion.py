@@ -92,19 +92,25 @@ def _within_user(mask: np.ndarray, users: np.ndarray, n_users: int) -> np.ndarra
     return running - before[users]
 
 
-def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
-    """Return the K fused candidates per user of a union (see the module docstring)."""
+def _choose(union: Union, params: FusionParams, is_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the chosen union entries in output order, every entry's fused score)."""
     weights = np.array([params.weights.get(name, 0.0) for name in union.names], dtype=np.float64)
     contrib = np.where(union.ranks > 0, weights / (params.rrf_k + np.maximum(union.ranks, 1)), 0.0)
     fused = contrib.sum(axis=1)
     keep = np.flatnonzero(fused > 0)
-    order = keep[np.lexsort((union.items[keep], -fused[keep], union.users[keep]))]
+    # the union is sorted by (user, item) and lexsort is stable: equal scores keep the lower item first
+    order = keep[np.lexsort((-fused[keep], union.users[keep]))]
     users, new = union.users[order], is_new[union.items[order]]
     quota = int(round(params.new_quota * params.k))
     by_quota = new & (_within_user(new, users, union.n_users) < quota)
     room = params.k - np.bincount(users[by_quota], minlength=union.n_users)
     rest = ~by_quota
-    chosen = order[by_quota | (rest & (_within_user(rest, users, union.n_users) < room[users]))]
+    return order[by_quota | (rest & (_within_user(rest, users, union.n_users) < room[users]))], fused
+
+
+def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
+    """Return the K fused candidates per user of a union (see the module docstring)."""
+    chosen, fused = _choose(union, params, is_new)
     slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
     return _fused_arrays(union, chosen, slot, fused, params.k)
 
@@ -131,7 +137,7 @@ def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -
 class TuningGrid:
     """The values tune_fusion tries."""
 
-    weights: Sequence[float] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+    weights: Sequence[float] = (0.0, 0.3, 1.0, 3.0)
     rrf_k: Sequence[float] = (5.0, 20.0, 60.0)
     new_quota: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.3)
     rounds: int = 2
@@ -140,14 +146,39 @@ class TuningGrid:
     quota_lists: Sequence[str] = ("content_new",)
 
 
-def _score(union: Union, params: FusionParams, is_new: np.ndarray, split: Split, n_items: int) -> dict[str, float]:
-    return metrics_of(select(union, params, is_new).rows, split, n_items, params.k)
+@dataclass(frozen=True)
+class _Labels:
+    """Per union entry: relevant in the split, and relevant with a cold item; relevant counts per user."""
+
+    relevant: np.ndarray
+    cold: np.ndarray
+    n_relevant: np.ndarray
+    n_cold: int
 
 
-def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, split: Split,
-                   n_items: int, rounds: int) -> tuple[FusionParams, float]:
+def _labels(union: Union, split: Split, n_items: int) -> _Labels:
+    """Return the union entries' labels from the split (union users are positions in split.users)."""
+    local = np.searchsorted(split.users, split.relevant_users).astype(np.int64)
+    keys = union.users * n_items + union.items
+    relevant = np.isin(keys, local * n_items + split.relevant_items)
+    cold = np.isin(keys, local[split.cold] * n_items + split.relevant_items[split.cold])
+    return _Labels(relevant, cold, np.bincount(local, minlength=union.n_users), int(split.cold.sum()))
+
+
+def _score(union: Union, params: FusionParams, is_new: np.ndarray, labels: _Labels) -> dict[str, float]:
+    """Return recall@K and cold recall@K of the chosen entries (the metrics_of definitions)."""
+    chosen, _ = _choose(union, params, is_new)
+    hits = np.bincount(union.users[chosen[labels.relevant[chosen]]], minlength=union.n_users)
+    evaluated = labels.n_relevant > 0
+    recall = float((hits[evaluated] / labels.n_relevant[evaluated]).mean()) if evaluated.any() else math.nan
+    cold = float(labels.cold[chosen].sum() / labels.n_cold) if labels.n_cold else math.nan
+    return {"recall_at_k": recall, "cold_recall_at_k": cold}
+
+
+def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, labels: _Labels,
+                   rounds: int) -> tuple[FusionParams, float]:
     """Return the params after coordinate ascent on recall@K over weights and rrf_k, and their recall."""
-    best = _score(union, params, is_new, split, n_items)["recall_at_k"]
+    best = _score(union, params, is_new, labels)["recall_at_k"]
     for _ in range(rounds):
         for name in union.names:
             if name in grid.fixed:
@@ -156,21 +187,21 @@ def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new:
                 if value <= 0 and name in grid.quota_lists:
                     continue  # the quota draws new items from these lists: a weight of 0 would empty it
                 trial = replace(params, weights={**params.weights, name: value})
-                recall = _score(union, trial, is_new, split, n_items)["recall_at_k"]
+                recall = _score(union, trial, is_new, labels)["recall_at_k"]
                 if recall > best + 1e-12:
                     params, best = trial, recall
         for value in grid.rrf_k:
-            recall = _score(union, replace(params, rrf_k=value), is_new, split, n_items)["recall_at_k"]
+            recall = _score(union, replace(params, rrf_k=value), is_new, labels)["recall_at_k"]
             if recall > best + 1e-12:
                 params, best = replace(params, rrf_k=value), recall
     return params, best
 
 
-def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, split: Split,
-                n_items: int) -> FusionParams:
+def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray,
+                labels: _Labels) -> FusionParams:
     """Return params with the smallest quota whose validation cold recall reaches the target (else the largest)."""
     for quota in sorted(grid.new_quota):
-        cold = _score(union, replace(params, new_quota=quota), is_new, split, n_items)["cold_recall_at_k"]
+        cold = _score(union, replace(params, new_quota=quota), is_new, labels)["cold_recall_at_k"]
         if math.isnan(cold) or cold >= grid.cold_target:
             return replace(params, new_quota=quota)
     return replace(params, new_quota=max(grid.new_quota))
@@ -180,10 +211,11 @@ def tune_fusion(lists: Mapping[str, Lists], split: Split, is_new: np.ndarray, n_
                 grid: TuningGrid = TuningGrid()) -> tuple[FusionParams, dict[str, float]]:
     """Return the tuned FusionParams and their validation metrics (lists are of split.users, in that order)."""
     union = union_of(lists)
+    labels = _labels(union, split, n_items)
     params = FusionParams({name: grid.fixed.get(name, 1.0) for name in union.names}, new_quota=0.0, k=k)
-    params, _ = _weight_rounds(union, params, grid, is_new, split, n_items, grid.rounds)
-    params = _pick_quota(union, params, grid, is_new, split, n_items)
-    params, _ = _weight_rounds(union, params, grid, is_new, split, n_items, 1)
-    metrics = _score(union, params, is_new, split, n_items)
+    params, _ = _weight_rounds(union, params, grid, is_new, labels, grid.rounds)
+    params = _pick_quota(union, params, grid, is_new, labels)
+    params, _ = _weight_rounds(union, params, grid, is_new, labels, 1)
+    metrics = metrics_of(select(union, params, is_new).rows, split, n_items, k)
     log.info("fusion tuned on %d validation users: %s -> %s", len(split.users), params, metrics)
     return params, metrics

@@ -145,3 +145,25 @@ def test_gate_passes_and_fails_naming_both_figures() -> None:
         check_gate(_table(0.5, 0.4, 0.1), recall_margin=0.0, min_cold_recall=0.25)
     with pytest.raises(ContractViolation):
         check_gate(_table(math.nan, 0.4, 0.3), recall_margin=0.0, min_cold_recall=0.0)
+
+
+def test_tuning_score_equals_the_evaluation_metrics() -> None:
+    """The tuner's fast recall (labels on union entries) must equal metrics_of on the selected lists."""
+    from models.fusion import _labels, _score, select, union_of
+
+    rng = np.random.default_rng(0)
+    lists = {name: _lists([rng.choice(40, 8, replace=False).tolist() for _ in range(30)]) for name in ("A", "B", "C")}
+    pairs = sorted({(int(u), int(i)) for u, i in zip(rng.integers(0, 30, 90), rng.integers(0, 40, 90), strict=True)})
+    cold_items = set(range(30, 40))
+    split = _split(sorted({u for u, _ in pairs}), pairs, [i in cold_items for _, i in pairs])
+    users = {u: n for n, u in enumerate(split.users.tolist())}
+    lists = {name: Lists(l.rows[split.users], l.scores[split.users]) for name, l in lists.items()}
+    split = _split(list(range(len(users))), [(users[u], i) for u, i in pairs], [i in cold_items for _, i in pairs])
+    is_new = np.zeros(40, bool)
+    is_new[35:] = True
+    params = FusionParams({"A": 1.0, "B": 0.3, "C": 2.0}, rrf_k=5.0, new_quota=0.25, k=6)
+    union = union_of(lists)
+    fast = _score(union, params, is_new, _labels(union, split, 40))
+    full = metrics_of(select(union, params, is_new).rows, split, 40, 6)
+    assert fast["recall_at_k"] == pytest.approx(full["recall_at_k"])
+    assert fast["cold_recall_at_k"] == pytest.approx(full["cold_recall_at_k"])
