@@ -115,7 +115,7 @@ def final_pass(catalogue: object, encoded: object, chunks: ItemChunks | None, co
                report: object, n_users: int | None, phases: Phases) -> tuple[Timings, int, int]:
     """Return (timings, users, candidate rows) of the fit on all interactions and every chunk's candidates."""
     timings = Timings()
-    final = fit_final(catalogue, encoded, chunks, config, DEMO_BASE_TIME, tuned.fusion, report.scorer, timings)  # type: ignore[arg-type, attr-defined]
+    final = fit_final(catalogue, encoded, chunks, config, DEMO_BASE_TIME, tuned, report.scorer, timings)  # type: ignore[arg-type, attr-defined]
     phases.done("fit every source on all interactions")
     users = np.arange(catalogue.n_users if n_users is None else min(n_users, catalogue.n_users))  # type: ignore[attr-defined]
     rows = 0

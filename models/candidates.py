@@ -4,14 +4,20 @@ Order (what the candidates task calls; see /work/notes/candidates-integration.md
 1. encode_run(items, interactions) -> catalogue, log                      (models.sources.base)
 2. evaluation = time_split(log, holdout_share)                            (models.evaluation)
 3. tuned = tune(catalogue, log, items, config, evaluation)
-       sources fitted on the validation training part (inside evaluation.train), fusion tuned on the
-       validation held-out part, both ranker kinds trained on the validation users' fused candidates
+       sources fitted on the validation training part (inside evaluation.train); RRF weights and the
+       new-item quota tuned on the validation held-out part; the first stage (LightGBM LambdaRank over
+       every union entry's candidate_features) trained on it; both stage-two kinds trained on the K
+       candidates the first stage keeps
 4. report = evaluate(catalogue, log, items, config, evaluation, tuned)
-       sources fitted on evaluation.train; retrieval_metrics rows for every list, popularity, fused and
-       the ranked lists; the better ranker kind on NDCG@10, refitted on this split's rows
+       sources fitted on evaluation.train; retrieval_metrics rows for every list, popularity, fused_rrf,
+       fused (the first stage's K: what is published) and the ranked lists; the better stage-two kind on
+       NDCG@10, refitted on this split's rows
 5. check_gate(report.metrics, ...)                                        (models.evaluation)
-6. final = fit_final(catalogue, log, items, config, now, tuned.fusion, report.scorer)
-   for chunk in candidate_chunks(final): write chunk.frame, publish chunk.payloads()
+6. final = fit_final(catalogue, log, items, config, now, tuned, report.scorer)
+   for chunk in candidate_chunks(final): write chunk.frame, publish chunk.payloads(...)
+The candidates and their feature rows come from one function, first_stage_candidates (whole union ->
+candidate_features -> first-stage score -> top K with the new-item quota), in tuning, evaluation and
+publishing alike.
 Users are processed in chunks of ``user_chunk`` everywhere; evaluation and tuning use at most
 ``max_eval_users`` / ``max_tune_users`` users (a seeded sample) so their cost does not grow with the users.
 """
@@ -29,7 +35,7 @@ import polars as pl
 import torch
 
 from models.evaluation import Split, metric_rows, metrics_of, time_split
-from models.fusion import Fused, FusionParams, TuningGrid, fuse, tune_fusion
+from models.fusion import Fused, FusionParams, TuningGrid, select_slots, tune_fusion, whole_union
 from models.ranker_features import FeatureContext, candidate_features, feature_context, feature_names
 from models.ranker_models import Scorer
 from models.ranker_training import choose_scorer, labelled_rows, rerank, train_lambdarank, train_mlp
@@ -65,6 +71,7 @@ class CandidateConfig:
     user_chunk: int = 4096
     content_chunk: int = 2048
     max_tune_users: int = 5_000
+    first_stage_check_share: float = 0.3
     max_eval_users: int = 20_000
     device: str = "cpu"
     seed: int = 0
@@ -138,39 +145,98 @@ def _history(log_: EncodedLog, catalogue: Catalogue, mask: np.ndarray | None, no
 
 @dataclass(frozen=True)
 class Tuned:
-    """What validation decided: the fusion parameters, their validation metrics, both rankers."""
+    """What validation decided: fusion parameters, the first-stage model, both stage-two rankers."""
 
     fusion: FusionParams
     validation_metrics: dict[str, float]
+    first_stage: Scorer | None
     scorers: dict[str, Scorer]
     validation_users: int
 
 
-def _ranker_inputs(lists: Mapping[str, Lists], fusion: FusionParams, history: History, catalogue: Catalogue,
-                   users: np.ndarray, config: CandidateConfig) -> tuple[Fused, np.ndarray, tuple[str, ...]]:
-    """Return the fused candidates, their feature matrix and the feature names."""
-    fused = fuse(lists, fusion, item_counts(history) == 0)
-    context = feature_context(history, catalogue, config.popularity.trend_half_life_days)
-    return fused, candidate_features(fused, users, context), feature_names(fused.names)
+def union_features(lists: Mapping[str, Lists], fusion: FusionParams, context: FeatureContext,
+                   users: np.ndarray) -> tuple[Fused, np.ndarray]:
+    """Return every user's whole union (RRF order) and its candidate_features rows."""
+    union = whole_union(lists, fusion)
+    return union, candidate_features(union, users, context)
+
+
+def choose_candidates(union: Fused, features: np.ndarray, first_stage: Scorer | None, is_new: np.ndarray,
+                      fusion: FusionParams) -> tuple[Fused, np.ndarray]:
+    """Return the K candidates per user (by the first-stage score, or RRF without one) and their feature rows."""
+    scores = union.rrf.astype(np.float32)
+    if first_stage is not None:
+        scores = np.full(union.rows.shape, -np.inf, dtype=np.float32)
+        filled = union.rows >= 0
+        scores[filled] = first_stage.predict(features[filled])
+    slots = select_slots(union.rows, scores, is_new, fusion.k, fusion.new_quota)
+    rows = np.take_along_axis(features, np.maximum(slots, 0)[..., None], axis=1)
+    rows[slots < 0] = 0.0
+    return union.take(slots, scores), rows
+
+
+def first_stage_candidates(lists: Mapping[str, Lists], fusion: FusionParams, first_stage: Scorer | None,
+                           context: FeatureContext, users: np.ndarray, is_new: np.ndarray) -> tuple[Fused, np.ndarray]:
+    """Return the published candidates of the users and their feature rows: ONE path for training and serving."""
+    union, features = union_features(lists, fusion, context, users)
+    return choose_candidates(union, features, first_stage, is_new, fusion)
+
+
+def _context(history: History, catalogue: Catalogue, config: CandidateConfig) -> FeatureContext:
+    return feature_context(history, catalogue, config.popularity.trend_half_life_days)
+
+
+def subset_split(split: Split, positions: np.ndarray) -> Split:
+    """Return the split restricted to the users at the given ascending positions of split.users."""
+    users = split.users[positions]
+    keep = np.isin(split.relevant_users, users)
+    return replace(split, users=users, relevant_users=split.relevant_users[keep],
+                   relevant_items=split.relevant_items[keep], cold=split.cold[keep])
+
+
+def _first_stage(union: Fused, features: np.ndarray, validation: Split, is_new: np.ndarray, fusion: FusionParams,
+                 config: CandidateConfig) -> Scorer | None:
+    """Return the first-stage model, or None when it does not beat RRF selection on held-aside validation users.
+
+    The model trains on a seeded (1 - check_share) of the validation users; both selections are compared
+    on recall@K over the others, which the model never saw.
+    """
+    n = len(validation.users)
+    check = np.sort(np.random.default_rng(config.seed).permutation(n)[: int(round(n * config.first_stage_check_share))])
+    train = np.setdiff1d(np.arange(n), check)
+    rows = labelled_rows(union.rows[train], validation.users[train], features[train], validation)
+    if len(check) == 0 or not rows.y.any():
+        return None
+    model = train_lambdarank(rows, feature_names(union.names), config.ranker)
+    held = subset_split(validation, check)
+    part = union.users_at(check)
+    recall = {name: metrics_of(choose_candidates(part, features[check], scorer, is_new, fusion)[0].rows, held,
+                               len(is_new), fusion.k)["recall_at_k"] for name, scorer in (("rrf", None), ("model", model))}
+    log.info("first stage on %d held-aside validation users: recall@K %.4f vs RRF %.4f", len(check),
+             recall["model"], recall["rrf"])
+    return model if recall["model"] > recall["rrf"] else None
 
 
 def tune(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
          evaluation: Split, timings: Timings | None = None) -> Tuned:
-    """Return the fusion tuned and the rankers trained on a validation split inside evaluation.train."""
+    """Return the fusion tuned and the models trained on a validation split inside evaluation.train."""
     validation = sample_split(time_split(log_, config.holdout_share, within=evaluation.train),
                               config.max_tune_users, config.seed)
     history = _history(log_, catalogue, validation.train, as_datetime(validation.cutoff_us), config)
     lists = source_lists(fit_sources(history, catalogue, items, config, timings), validation.users,
                          config.per_source, timings)
-    started = time.perf_counter()
-    fusion, metrics = tune_fusion(lists, validation, item_counts(history) == 0, catalogue.n_items, config.k, config.grid)
-    fused, features, names = _ranker_inputs(lists, fusion, history, catalogue, validation.users, config)
-    rows = labelled_rows(fused.rows, validation.users, features, validation)
+    started, is_new = time.perf_counter(), item_counts(history) == 0
+    fusion, metrics = tune_fusion(lists, validation, is_new, catalogue.n_items, config.k, config.grid)
+    union, features = union_features(lists, fusion, _context(history, catalogue, config), validation.users)
+    first = _first_stage(union, features, validation, is_new, fusion, config)
+    fused, fused_features = choose_candidates(union, features, first, is_new, fusion)
+    rows = labelled_rows(fused.rows, validation.users, fused_features, validation)
+    names = feature_names(fused.names)
     scorers: dict[str, Scorer] = {"lightgbm": train_lambdarank(rows, names, config.ranker),
-                                  "mlp": train_mlp(rows, names, config.ranker)}
+                                  "mlp": train_mlp(rows, names, config.ranker)} if rows.y.any() else {}
     if timings:
         timings.add("tuning", started)
-    return Tuned(fusion, metrics, scorers, len(validation.users))
+    return Tuned(fusion, metrics, first, scorers, len(validation.users))
 
 
 @dataclass(frozen=True)
@@ -179,7 +245,7 @@ class Report:
 
     metrics: pl.DataFrame
     chosen: str
-    scorer: Scorer
+    scorer: Scorer | None
 
 
 def _split_rows(split: Split) -> pl.DataFrame:
@@ -190,25 +256,43 @@ def _split_rows(split: Split) -> pl.DataFrame:
 
 def evaluate(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
              evaluation: Split, tuned: Tuned, timings: Timings | None = None) -> Report:
-    """Return every list's held-out metrics, fused and ranked ones included, and the scorer to publish."""
+    """Return every list's held-out metrics, the fused (RRF and first-stage) and ranked ones, and the scorer to publish.
+
+    Methods: each source list, popularity (the baseline), fused_rrf (RRF selection), fused (the first
+    stage's selection: what is published), ranked_<kind> for both stage-two kinds and ranked (the kind kept).
+    """
     split = sample_split(evaluation, config.max_eval_users, config.seed)
     history = _history(log_, catalogue, split.train, as_datetime(split.cutoff_us), config)
     lists = source_lists(fit_sources(history, catalogue, items, config, timings), split.users, config.per_source, timings)
-    lists.update(fit_most_popular(history).recommend(split.users, config.k))
+    popular = fit_most_popular(history).recommend(split.users, config.k)["popularity"]
     frames = [metric_rows(name, metrics_of(lists[name].rows, split, catalogue.n_items, config.k)) for name in sorted(lists)]
-    fused, features, names = _ranker_inputs({n: lists[n] for n in lists if n != "popularity"}, tuned.fusion,
-                                            history, catalogue, split.users, config)
-    frames.append(metric_rows("fused", metrics_of(fused.rows, split, catalogue.n_items, config.k)))
-    ranked = {kind: metrics_of(rerank(fused.rows, features, scorer), split, catalogue.n_items, config.k)
+    frames.append(metric_rows("popularity", metrics_of(popular.rows, split, catalogue.n_items, config.k)))
+    is_new = item_counts(history) == 0
+    union, features = union_features(lists, tuned.fusion, _context(history, catalogue, config), split.users)
+    rrf, _ = choose_candidates(union, features, None, is_new, tuned.fusion)
+    fused, fused_features = choose_candidates(union, features, tuned.first_stage, is_new, tuned.fusion)
+    frames += [metric_rows("fused_rrf", metrics_of(rrf.rows, split, catalogue.n_items, config.k)),
+               metric_rows("fused", metrics_of(fused.rows, split, catalogue.n_items, config.k))]
+    ranked = {kind: metrics_of(rerank(fused.rows, fused_features, scorer), split, catalogue.n_items, config.k)
               for kind, scorer in sorted(tuned.scorers.items())}
+    frames += [metric_rows(f"ranked_{kind}", metrics) for kind, metrics in ranked.items()]
+    chosen, refit = _refit(ranked, fused, fused_features, split, config)
+    if chosen:
+        frames.append(metric_rows("ranked", ranked[chosen]))
+    return Report(pl.concat([*frames, _split_rows(split)]), chosen or "none", refit)
+
+
+def _refit(ranked: dict[str, dict[str, float]], fused: Fused, features: np.ndarray, split: Split,
+           config: CandidateConfig) -> tuple[str | None, Scorer | None]:
+    """Return the kind with the better held-out NDCG@10 and that kind refitted on this split's rows."""
+    rows = labelled_rows(fused.rows, split.users, features, split)
+    if not ranked or not rows.y.any():
+        return None, None
     ndcg = {kind: metrics["ndcg_at_10"] for kind, metrics in ranked.items()}
     chosen = choose_scorer(ndcg)
-    frames += [metric_rows(f"ranked_{kind}", metrics) for kind, metrics in ranked.items()]
-    frames.append(metric_rows("ranked", ranked[chosen]))
-    rows = labelled_rows(fused.rows, split.users, features, split)
-    refit = (train_lambdarank if chosen == "lightgbm" else train_mlp)(rows, names, config.ranker)
+    refit = (train_lambdarank if chosen == "lightgbm" else train_mlp)(rows, feature_names(fused.names), config.ranker)
     refit.metrics = {**{f"ndcg_at_10_{k}": v for k, v in ndcg.items()}, "held_out_users": float(len(split.users))}
-    return Report(pl.concat([*frames, _split_rows(split)]), chosen, refit)
+    return chosen, refit
 
 
 @dataclass(frozen=True)
@@ -217,6 +301,7 @@ class Final:
 
     sources: list[Source]
     fusion: FusionParams
+    first_stage: Scorer | None
     history: History
     catalogue: Catalogue
     context: FeatureContext
@@ -225,12 +310,12 @@ class Final:
 
 
 def fit_final(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
-              now: datetime, fusion: FusionParams, scorer: Scorer | None, timings: Timings | None = None) -> Final:
-    """Return the sources fitted on all of the run's interactions, as of now."""
+              now: datetime, tuned: Tuned, scorer: Scorer | None, timings: Timings | None = None) -> Final:
+    """Return the sources fitted on all of the run's interactions, as of now, with the tuned fusion and models."""
     history = _history(log_, catalogue, None, now, config)
     sources = fit_sources(history, catalogue, items, config, timings)
-    context = feature_context(history, catalogue, config.popularity.trend_half_life_days)
-    return Final(sources, fusion, history, catalogue, context, scorer, config)
+    return Final(sources, tuned.fusion, tuned.first_stage, history, catalogue, _context(history, catalogue, config),
+                 scorer, config)
 
 
 @dataclass(frozen=True)
@@ -252,7 +337,7 @@ class CandidateChunk:
 
 
 def candidates_frame(fused: Fused, users: np.ndarray, catalogue: Catalogue) -> pl.DataFrame:
-    """Return fused candidates as the long table: user_id, rank, item_id, score, sources, rank_<list>, score_<list>."""
+    """Return candidates as the long table: user_id, rank, item_id, score, rrf_score, sources, rank_<list>, score_<list>."""
     local, slot = np.nonzero(fused.rows >= 0)
     ranks, scores = fused.ranks[local, slot], fused.source_scores[local, slot]
     present = ranks > 0
@@ -260,6 +345,7 @@ def candidates_frame(fused: Fused, users: np.ndarray, catalogue: Catalogue) -> p
     columns: dict[str, object] = {
         "user_id": catalogue.user_ids.gather(users[local]), "rank": (slot + 1).astype(np.int32),
         "item_id": catalogue.item_ids.gather(fused.rows[local, slot]), "score": fused.scores[local, slot].astype(np.float64),
+        "rrf_score": fused.rrf[local, slot].astype(np.float64),
         "sources": pl.Series([names[p].tolist() for p in present], dtype=pl.List(pl.String))}
     for s, name in enumerate(fused.names):
         columns[f"rank_{name}"] = pl.Series(np.where(present[:, s], ranks[:, s], 0)).replace(0, None).cast(pl.Int32)
@@ -275,8 +361,7 @@ def candidate_chunks(final: Final, users: np.ndarray | None = None, timings: Tim
         part = users[start:start + final.config.user_chunk]
         lists = source_lists(final.sources, part, final.config.per_source, timings)
         started = time.perf_counter()
-        fused = fuse(lists, final.fusion, is_new)
-        features = candidate_features(fused, part, final.context)
+        fused, features = first_stage_candidates(lists, final.fusion, final.first_stage, final.context, part, is_new)
         frame = candidates_frame(fused, part, final.catalogue)
         if timings:
             timings.add("fusion", started)

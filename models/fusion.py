@@ -52,9 +52,12 @@ class Union:
 
 @dataclass(frozen=True)
 class Fused:
-    """A user's K fused candidates: item rows, fused score, and per list (last axis, in names order) rank and score.
+    """Per user, candidates in slots: item rows, the selection score, the RRF score and rank, per list rank/score.
 
-    Empty slots: item -1, score -inf; a list that does not hold the item: rank 0, score NaN.
+    ``scores`` is what selected and ordered the candidates (the RRF score, or the first-stage model's
+    score); ``rrf`` and ``rrf_rank`` (1 = the user's best union entry by RRF) are kept either way. Empty
+    slots: item -1, scores -inf, rrf_rank 0; a list that does not hold the item: rank 0, score NaN (per
+    list values on the last axis, in names order).
     """
 
     names: tuple[str, ...]
@@ -62,6 +65,27 @@ class Fused:
     scores: np.ndarray
     ranks: np.ndarray
     source_scores: np.ndarray
+    rrf: np.ndarray
+    rrf_rank: np.ndarray
+
+    def users_at(self, positions: np.ndarray) -> "Fused":
+        """Return the candidates of the users at the given positions only."""
+        return Fused(self.names, self.rows[positions], self.scores[positions], self.ranks[positions],
+                     self.source_scores[positions], self.rrf[positions], self.rrf_rank[positions])
+
+    def take(self, slots: np.ndarray, scores: np.ndarray | None = None) -> "Fused":
+        """Return the candidates at the given (users, K) slot indices (-1: empty), optionally rescored."""
+        safe = np.maximum(slots, 0)
+        empty = slots < 0
+
+        def pick(values: np.ndarray, fill: float) -> np.ndarray:
+            out = np.take_along_axis(values, safe.reshape(safe.shape + (1,) * (values.ndim - 2)), axis=1)
+            out[empty] = fill
+            return out
+
+        new_scores = self.scores if scores is None else scores
+        return Fused(self.names, pick(self.rows, -1), pick(new_scores, -np.inf), pick(self.ranks, 0),
+                     pick(self.source_scores, np.nan), pick(self.rrf, -np.inf), pick(self.rrf_rank, 0))
 
 
 def union_of(lists: Mapping[str, Lists]) -> Union:
@@ -92,40 +116,80 @@ def _within_user(mask: np.ndarray, users: np.ndarray, n_users: int) -> np.ndarra
     return running - before[users]
 
 
-def _choose(union: Union, params: FusionParams, is_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return (the chosen union entries in output order, every entry's fused score)."""
+def rrf_scores(union: Union, params: FusionParams) -> np.ndarray:
+    """Return every union entry's weighted reciprocal-rank score."""
     weights = np.array([params.weights.get(name, 0.0) for name in union.names], dtype=np.float64)
-    contrib = np.where(union.ranks > 0, weights / (params.rrf_k + np.maximum(union.ranks, 1)), 0.0)
-    fused = contrib.sum(axis=1)
+    return np.where(union.ranks > 0, weights / (params.rrf_k + np.maximum(union.ranks, 1)), 0.0).sum(axis=1)
+
+
+def _choose(union: Union, fused: np.ndarray, quota: int, k: int, is_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the chosen union entries in output order, the RRF rank of every entry, 0 if dropped)."""
     keep = np.flatnonzero(fused > 0)
     # the union is sorted by (user, item) and lexsort is stable: equal scores keep the lower item first
     order = keep[np.lexsort((-fused[keep], union.users[keep]))]
     users, new = union.users[order], is_new[union.items[order]]
-    quota = int(round(params.new_quota * params.k))
+    rank = np.zeros(len(fused), dtype=np.int32)
+    rank[order] = _within_user(np.ones(len(order), dtype=bool), users, union.n_users) + 1
     by_quota = new & (_within_user(new, users, union.n_users) < quota)
-    room = params.k - np.bincount(users[by_quota], minlength=union.n_users)
+    room = k - np.bincount(users[by_quota], minlength=union.n_users)
     rest = ~by_quota
-    return order[by_quota | (rest & (_within_user(rest, users, union.n_users) < room[users]))], fused
+    return order[by_quota | (rest & (_within_user(rest, users, union.n_users) < room[users]))], rank
 
 
 def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
-    """Return the K fused candidates per user of a union (see the module docstring)."""
-    chosen, fused = _choose(union, params, is_new)
+    """Return the K fused candidates per user of a union by RRF (see the module docstring)."""
+    fused = rrf_scores(union, params)
+    chosen, rank = _choose(union, fused, int(round(params.new_quota * params.k)), params.k, is_new)
     slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
-    return _fused_arrays(union, chosen, slot, fused, params.k)
+    return _fused_arrays(union, chosen, slot, fused, rank, params.k)
 
 
-def _fused_arrays(union: Union, chosen: np.ndarray, slot: np.ndarray, fused: np.ndarray, k: int) -> Fused:
+def _fused_arrays(union: Union, chosen: np.ndarray, slot: np.ndarray, fused: np.ndarray, rank: np.ndarray,
+                  k: int) -> Fused:
     """Return the Fused arrays with the chosen entries at their slots."""
     n, s = union.n_users, len(union.names)
     rows = np.full((n, k), -1, dtype=np.int32)
     scores = np.full((n, k), -np.inf, dtype=np.float32)
     ranks = np.zeros((n, k, s), dtype=np.int32)
     source_scores = np.full((n, k, s), np.nan, dtype=np.float32)
+    rrf_rank = np.zeros((n, k), dtype=np.int32)
     u = union.users[chosen]
-    rows[u, slot], scores[u, slot] = union.items[chosen], fused[chosen]
+    rows[u, slot], scores[u, slot], rrf_rank[u, slot] = union.items[chosen], fused[chosen], rank[chosen]
     ranks[u, slot], source_scores[u, slot] = union.ranks[chosen], union.scores[chosen]
-    return Fused(union.names, rows, scores, ranks, source_scores)
+    return Fused(union.names, rows, scores, ranks, source_scores, scores.copy(), rrf_rank)
+
+
+def whole_union(lists: Mapping[str, Lists], params: FusionParams) -> Fused:
+    """Return every union entry of each user in RRF order (lists of weight 0 kept, at a negligible weight)."""
+    union = union_of(lists)
+    floor = 1e-6 * max([w for w in params.weights.values() if w > 0], default=1.0)
+    kept = replace(params, weights={n: max(params.weights.get(n, 0.0), floor) for n in union.names}, new_quota=0.0)
+    width = int(np.bincount(union.users, minlength=union.n_users).max(initial=0)) if len(union.users) else 0
+    chosen, rank = _choose(union, rrf_scores(union, kept), 0, width, np.zeros(1 + int(union.items.max(initial=0)), bool))
+    slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
+    out = _fused_arrays(union, chosen, slot, rrf_scores(union, params), rank, max(width, 1))
+    return out
+
+
+def select_slots(rows: np.ndarray, scores: np.ndarray, is_new: np.ndarray, k: int, quota: float) -> np.ndarray:
+    """Return (users, k) slot indices of the best k by score per row, the best round(quota k) new items first in.
+
+    Ties keep the lower slot; the chosen slots are ordered by score; -1 fills what cannot be filled.
+    """
+    filled = rows >= 0
+    score = np.where(filled, scores, -np.inf)
+    order = np.argsort(-score, axis=1, kind="stable")
+    ordered_ok = np.take_along_axis(filled, order, axis=1)
+    new = np.take_along_axis(filled & is_new[np.maximum(rows, 0)], order, axis=1)
+    q = int(round(quota * k))
+    by_quota = new & (np.cumsum(new, axis=1) <= q)
+    rest = ordered_ok & ~by_quota
+    room = k - by_quota.sum(axis=1, keepdims=True)
+    chosen = by_quota | (rest & (np.cumsum(rest, axis=1) <= room))
+    position = np.where(chosen, np.cumsum(chosen, axis=1) - 1, k)
+    out = np.full((rows.shape[0], k + 1), -1, dtype=np.int64)
+    np.put_along_axis(out, position, np.where(chosen, order, -1), axis=1)
+    return out[:, :k]
 
 
 def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -> Fused:
@@ -167,7 +231,7 @@ def _labels(union: Union, split: Split, n_items: int) -> _Labels:
 
 def _score(union: Union, params: FusionParams, is_new: np.ndarray, labels: _Labels) -> dict[str, float]:
     """Return recall@K and cold recall@K of the chosen entries (the metrics_of definitions)."""
-    chosen, _ = _choose(union, params, is_new)
+    chosen, _ = _choose(union, rrf_scores(union, params), int(round(params.new_quota * params.k)), params.k, is_new)
     hits = np.bincount(union.users[chosen[labels.relevant[chosen]]], minlength=union.n_users)
     evaluated = labels.n_relevant > 0
     recall = float((hits[evaluated] / labels.n_relevant[evaluated]).mean()) if evaluated.any() else math.nan

@@ -4,8 +4,8 @@ The same function builds the ranker's training rows and the rows published into 
 serving only scores the published matrix, so training and serving can never disagree. Per candidate, in
 feature_names() order, everything as of the History's ``now``:
 
-    fused_score        the fusion's weighted reciprocal-rank score
-    fused_rr           1 / the candidate's slot in the fused list (1 = first)
+    fused_score        the fusion's weighted reciprocal-rank (RRF) score
+    fused_rr           1 / the candidate's RRF rank among the user's union entries (1 = first)
     n_lists            how many source lists hold the candidate
     rr_<list>          1 / its rank in that list, 0 when the list does not hold it   (one per list)
     score_<list>       its score in that list, 0 when the list does not hold it      (one per list)
@@ -79,10 +79,10 @@ def candidate_features(fused: Fused, users: np.ndarray, context: FeatureContext)
     filled = fused.rows >= 0
     item = np.where(filled, fused.rows, 0)
     rr = np.where(fused.ranks > 0, 1.0 / np.maximum(fused.ranks, 1), 0.0)
-    slot_rr = np.broadcast_to(1.0 / np.arange(1, k + 1), (n_users, k))
+    rrf_rr = np.where(fused.rrf_rank > 0, 1.0 / np.maximum(fused.rrf_rank, 1), 0.0)
     topic = context.item_topic[item]
     affinity = np.take_along_axis(context.affinity[users], topic, axis=1)
-    parts = [np.where(filled, fused.scores, 0.0)[..., None], slot_rr[..., None], (fused.ranks > 0).sum(-1)[..., None],
+    parts = [np.where(filled, fused.rrf, 0.0)[..., None], rrf_rr[..., None], (fused.ranks > 0).sum(-1)[..., None],
              rr, np.nan_to_num(fused.source_scores, nan=0.0), context.item_values[item][..., :4],
              affinity[..., None], context.item_values[item][..., 4:5],
              np.broadcast_to(context.log_history[users][:, None, None], (n_users, k, 1))]

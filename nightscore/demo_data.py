@@ -141,11 +141,25 @@ def _join_words(words: np.ndarray, counts: np.ndarray) -> list[str]:
     return [" ".join(chunk) for chunk in np.split(words, np.cumsum(counts)[:-1])]
 
 
-def _titles(rng: np.random.Generator, topic_idx: np.ndarray) -> list[str | None]:
-    """Return one short, mostly topical, title-cased title per item; a few are null."""
+def _series_names(series: np.ndarray, named: np.ndarray, seed: int) -> np.ndarray:
+    """Return two made-up name words per item of a named series ("" for the others), equal within a series."""
+    syllables = np.array([c + v for c in "bdfgklmnprstvz" for v in "aeiou"])
+    ids, inverse = np.unique(series, return_inverse=True)
+    rng = np.random.default_rng([seed, 3])
+    parts = syllables[rng.integers(0, syllables.size, (ids.size, 5))]
+    first = np.char.add(np.char.add(parts[:, 0], parts[:, 1]), parts[:, 2])
+    names = np.char.add(np.char.add(first, " "), np.char.add(parts[:, 3], parts[:, 4]))[inverse.reshape(-1)]
+    return np.where(named, np.char.add(names, " "), "")
+
+
+def _titles(rng: np.random.Generator, topic_idx: np.ndarray, prefixes: np.ndarray | None = None) -> list[str | None]:
+    """Return one short, mostly topical, title-cased title per item (after its series name); a few are null."""
     counts = rng.integers(3, 9, topic_idx.size)
     words = _draw_words(rng, topic_idx, counts, TITLE_TOPIC_SHARE, 0.0)
-    titles = [text.title() for text in _join_words(words, counts)]
+    texts = _join_words(words, counts)
+    if prefixes is not None:
+        texts = [prefix + text for prefix, text in zip(prefixes.tolist(), texts, strict=True)]
+    titles = [text.title() for text in texts]
     null = rng.random(topic_idx.size) < NULL_TITLE_SHARE
     return [None if is_null else title for title, is_null in zip(titles, null, strict=True)]
 
@@ -165,7 +179,9 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
     """Return ``n_items`` items: item_id, title, body, created_at (UTC) and topic.
 
     Most items were created 91-365 days before the base time; NEW_ITEM_SHARE of them in its last
-    NEW_ITEM_DAYS days. Texts are drawn in chunks of TEXT_CHUNK items, each from its own seeded stream.
+    NEW_ITEM_DAYS days. Texts are drawn in chunks of TEXT_CHUNK items, each from its own seeded stream;
+    the items of one series share a made-up two-word name at the start of their title, as episodes of a
+    real series share its name (the only trace of the hidden structure in an item row).
     """
     rng = np.random.default_rng([seed, 0])
     topic_idx = rng.integers(0, len(TOPIC_WORDS), n_items)
@@ -173,11 +189,15 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
     new = rng.random(n_items) < NEW_ITEM_SHARE
     age_us[new] = rng.integers(0, NEW_ITEM_DAYS * _US_PER_DAY, int(new.sum()))
     created_s = (_epoch_us(DEMO_BASE_TIME) - age_us) // _US_PER_S * _US_PER_S
+    structure = _structure(np.random.default_rng([seed, 2]), topic_idx)
+    named = np.bincount(structure.series)[structure.series] > 1
+    prefixes = _series_names(structure.series, named, seed)
     titles: list[str | None] = []
     bodies: list[str] = []
     for n, start in enumerate(range(0, n_items, TEXT_CHUNK)):
         text_rng = np.random.default_rng([seed, 0, n])
-        titles += _titles(text_rng, topic_idx[start:start + TEXT_CHUNK])
+        part = slice(start, start + TEXT_CHUNK)
+        titles += _titles(text_rng, topic_idx[part], prefixes[part])
         bodies += _bodies(text_rng, topic_idx[start:start + TEXT_CHUNK])
     numbers = pl.Series(np.arange(1, n_items + 1)).cast(pl.String).str.zfill(6)
     return pl.DataFrame(
@@ -261,6 +281,7 @@ class _Structure:
     """The hidden structure of a catalogue: series successor, bundles, clusters (item rows)."""
 
     series_next: np.ndarray
+    series: np.ndarray
     bundle_order: np.ndarray
     bundle_start: np.ndarray
     bundle_size: np.ndarray
@@ -284,6 +305,8 @@ def _structure(rng: np.random.Generator, topic_idx: np.ndarray) -> _Structure:
     same = np.r_[series[1:] == series[:-1], False]
     series_next = np.full(n, -1, dtype=np.int64)
     series_next[order[same]] = order[np.flatnonzero(same) + 1]
+    series_of = np.empty(n, dtype=np.int64)
+    series_of[order] = series
     bundle_order = rng.permutation(n)
     bundle = _cut(rng, n, rng.integers(*BUNDLE_SIZES, n))
     first = np.searchsorted(bundle, bundle)
@@ -299,7 +322,7 @@ def _structure(rng: np.random.Generator, topic_idx: np.ndarray) -> _Structure:
     rank = np.empty(n, dtype=np.int64)
     rank[in_topic] = np.arange(n) - np.searchsorted(topic_idx[in_topic], topic_idx[in_topic])
     appeal = 1.0 / (rank + 1.0) ** ZIPF_EXPONENT
-    return _Structure(series_next, bundle_order, start, sz, pos, cluster, per_topic * len(TOPIC_WORDS), appeal)
+    return _Structure(series_next, series_of, bundle_order, start, sz, pos, cluster, per_topic * len(TOPIC_WORDS), appeal)
 
 
 def _bundle_partner(rng: np.random.Generator, s: _Structure, items: np.ndarray) -> np.ndarray:

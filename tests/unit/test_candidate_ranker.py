@@ -104,7 +104,7 @@ def test_fused_beats_popularity_on_held_out_demo_data(demo_stage: tuple[object, 
 def test_published_feature_rows_are_the_training_function_applied_to_the_published_candidates(
         demo_stage: tuple[object, ...]) -> None:
     catalogue, log, chunks, config, tuned, report = demo_stage
-    final = fit_final(catalogue, log, chunks, config, DEMO_BASE_TIME, tuned.fusion, report.scorer)  # type: ignore[arg-type, attr-defined]
+    final = fit_final(catalogue, log, chunks, config, DEMO_BASE_TIME, tuned, report.scorer)  # type: ignore[arg-type, attr-defined]
     chunk = next(candidate_chunks(final, np.arange(50)))
     context = feature_context(final.history, catalogue, config.popularity.trend_half_life_days)  # type: ignore[arg-type, attr-defined]
     np.testing.assert_array_equal(chunk.features, candidate_features(chunk.fused, chunk.users, context))
@@ -122,8 +122,9 @@ def test_features_by_hand() -> None:
     items, interactions = generate_demo_data(20, 3, seed=1)
     catalogue, log = encode_run(items, interactions)
     history = history_of(log, catalogue, None, DEMO_BASE_TIME, {"view": 1.0}, 14.0)
-    fused = Fused(("a", "b"), np.array([[3, 5]], np.int32), np.array([[0.5, 0.25]], np.float32),
-                  np.array([[[1, 0], [2, 1]]], np.int32), np.array([[[0.9, np.nan], [0.8, 7.0]]], np.float32))
+    fused = Fused(("a", "b"), np.array([[3, 5]], np.int32), np.array([[9.0, 8.0]], np.float32),
+                  np.array([[[1, 0], [2, 1]]], np.int32), np.array([[[0.9, np.nan], [0.8, 7.0]]], np.float32),
+                  np.array([[0.5, 0.25]], np.float32), np.array([[1, 2]], np.int32))
     features = candidate_features(fused, np.array([0]), feature_context(history, catalogue, 7.0))
     names = feature_names(("a", "b"))
     row = dict(zip(names, features[0, 1].tolist(), strict=True))

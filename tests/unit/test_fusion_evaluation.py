@@ -167,3 +167,27 @@ def test_tuning_score_equals_the_evaluation_metrics() -> None:
     full = metrics_of(select(union, params, is_new).rows, split, 40, 6)
     assert fast["recall_at_k"] == pytest.approx(full["recall_at_k"])
     assert fast["cold_recall_at_k"] == pytest.approx(full["cold_recall_at_k"])
+
+
+def test_select_slots_by_score_with_the_new_item_quota() -> None:
+    """Scores 0.9 (old), 0.8 (old), 0.1 (new), 0.5 (old); K 2, quota 0.5: the new item takes one slot."""
+    from models.fusion import select_slots
+
+    rows = np.array([[10, 11, 12, 13, -1]])
+    scores = np.array([[0.9, 0.8, 0.1, 0.5, 7.0]], dtype=np.float32)  # the empty slot's score is ignored
+    is_new = np.zeros(20, bool)
+    is_new[12] = True
+    assert select_slots(rows, scores, is_new, 2, 0.5).tolist() == [[0, 2]]
+    assert select_slots(rows, scores, is_new, 3, 0.0).tolist() == [[0, 1, 3]]
+    assert select_slots(rows, scores, is_new, 6, 0.0).tolist() == [[0, 1, 3, 2, -1, -1]]
+
+
+def test_whole_union_keeps_zero_weight_lists_and_take_carries_every_column() -> None:
+    from models.fusion import whole_union
+
+    union = whole_union({"L1": _lists([[1, 2]]), "L2": _lists([[3, -1]])},
+                        FusionParams({"L1": 1.0, "L2": 0.0}, rrf_k=0.0, new_quota=0.0, k=2))
+    assert union.rows.tolist() == [[1, 2, 3]] and union.rrf_rank.tolist() == [[1, 2, 3]]
+    np.testing.assert_allclose(union.rrf[0], [1.0, 0.5, 0.0])  # L2's item is kept with its true RRF score 0
+    taken = union.take(np.array([[2, -1]]))
+    assert taken.rows.tolist() == [[3, -1]] and taken.ranks[0, 0].tolist() == [0, 1] and taken.rrf_rank[0, 1] == 0
