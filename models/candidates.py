@@ -67,7 +67,7 @@ class CandidateConfig:
     popularity: PopularityParams = PopularityParams()
     grid: TuningGrid = TuningGrid()
     ranker: RankerParams = RankerParams()
-    new_days: float = 30.0
+    max_new_items: int = 100_000
     user_chunk: int = 4096
     content_chunk: int = 2048
     max_tune_users: int = 5_000
@@ -103,7 +103,7 @@ def fit_sources(history: History, catalogue: Catalogue, items: ItemChunks | None
     timings = timings or Timings()
     fits = {"cooccurrence": lambda: fit_cooccurrence(history, config.cooccurrence),
             "als": lambda: fit_als(history, replace(config.als, seed=config.seed, use_gpu=config.device != "cpu")),
-            "content": lambda: fit_content(items, history, catalogue.created_us, config.new_days, _device(config),
+            "content": lambda: fit_content(items, history, catalogue.created_us, config.max_new_items, _device(config),
                                            config.content_chunk) if items else None,
             "trending": lambda: fit_trending(history, config.popularity),
             "topic_trending": lambda: fit_topic_trending(history, catalogue, config.popularity)}

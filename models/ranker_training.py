@@ -32,7 +32,7 @@ class RankerParams:
     min_data_in_leaf: int = 20
     early_stopping_rounds: int = 30
     stopping_share: float = 0.2
-    mlp: TrainConfig = TrainConfig(hidden=32, epochs=8, batch_size=512, learning_rate=3e-3)
+    mlp: TrainConfig = TrainConfig(hidden=32, epochs=8, batch_size=1024, learning_rate=5e-3)
     threads: int = 0
     seed: int = 0
 

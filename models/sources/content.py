@@ -1,10 +1,10 @@
 """Content source: today's user-vector cosine over the item embeddings (models.retrieval), in two views.
 
     content       the top-N unseen items by cos(user vector, item embedding) over the whole catalogue
-    content_new   the same score restricted to new items: no interaction in the History and created at
-                  most ``new_days`` before the History's now (items with no interaction that are older
-                  are dead stock, rarely wanted); the only list that reaches new items, and the one the
-                  fusion's quota draws from
+    content_new   the same score restricted to new items: no interaction in the History (of those, the
+                  ``max_new_items`` created last, which bounds the cost on a catalogue with a long
+                  untouched tail); the only list that reaches such items, the one the fusion's quota
+                  draws from
 User vectors are the weighted sum of the user's items' embeddings, normalised (retrieval.user_vectors'
 formula with the History's weights, summed block by block so that memory stays users x dim). Embeddings stream as ItemChunks: each recommend call makes two passes over the
 blocks (gather the users' items, then score every block: retrieval.top_k_items); the new items' vectors
@@ -17,10 +17,9 @@ import numpy as np
 import torch
 
 from models.retrieval import Interactions, ItemChunks, top_k_items
-from models.sources.base import History, Lists, item_counts, to_epoch_us
+from models.sources.base import History, Lists, item_counts
 
 CONTENT, CONTENT_NEW = "content", "content_new"
-_US_PER_DAY = 86_400 * 1_000_000
 NEW_SCORE_BUDGET = 1 << 24  # floats in one (users x new items) score block: 64 MiB
 
 
@@ -105,13 +104,17 @@ def _pad(lists: Lists, n: int) -> Lists:
     return Lists(rows, np.hstack([lists.scores, np.full((len(lists.rows), missing), -np.inf, np.float32)]))
 
 
-def new_item_mask(history: History, created_us: np.ndarray, new_days: float) -> np.ndarray:
-    """Return the items with no interaction in the History created at most new_days before its now."""
-    age_days = (to_epoch_us(history.now) - created_us) / _US_PER_DAY
-    return (item_counts(history) == 0) & (age_days <= new_days)
+def new_item_mask(history: History, created_us: np.ndarray, max_new_items: int) -> np.ndarray:
+    """Return the items with no interaction in the History, at most max_new_items of them (the newest)."""
+    untouched = np.flatnonzero(item_counts(history) == 0)
+    newest = untouched[np.lexsort((untouched, -created_us[untouched]))][:max_new_items]
+    mask = np.zeros(history.n_items, dtype=bool)
+    mask[newest] = True
+    return mask
 
 
-def fit_content(items: ItemChunks, history: History, created_us: np.ndarray, new_days: float = 30.0,
+def fit_content(items: ItemChunks, history: History, created_us: np.ndarray, max_new_items: int = 100_000,
                 device: torch.device | None = None, chunk: int = 2048) -> ContentSource:
     """Return the content source over streamed item embeddings (unit-norm rows, in item-row order)."""
-    return ContentSource(items, history, new_item_mask(history, created_us, new_days), device or torch.device("cpu"), chunk)
+    mask = new_item_mask(history, created_us, max_new_items)
+    return ContentSource(items, history, mask, device or torch.device("cpu"), chunk)

@@ -143,11 +143,13 @@ def test_content_alone_reaches_the_item_with_no_interactions(co_case: tuple[Cata
     """f (2 days old, no interaction) points the way a does: content_new gives it to u3, who only saw a."""
     catalogue, _, history = co_case
     vectors = _unit([[1, 0, 0], [0.8, 0.6, 0], [0, 1, 0], [0, 0.8, 0.6], [0, 0, 1], [0.99, 0.1, 0]])
-    source = fit_content(ItemChunks.of(vectors, 2), history, catalogue.created_us, new_days=30)
+    source = fit_content(ItemChunks.of(vectors, 2), history, catalogue.created_us, max_new_items=1)
     users = catalogue.user_ids.to_list()
     lists = source.recommend(np.array([users.index("u3"), users.index("u5")]), 2)
     assert _names(catalogue, lists["content"].rows[0]) == ["f", "b"]
-    assert _names(catalogue, lists["content_new"].rows[0]) == ["f"]  # e has no interaction in the History but is old
+    assert _names(catalogue, lists["content_new"].rows[0]) == ["f"]  # e has no interaction either, but is older
+    wider = fit_content(ItemChunks.of(vectors, 2), history, catalogue.created_us).recommend(np.array([0]), 3)
+    assert sorted(_names(catalogue, wider["content_new"].rows[0])) == ["e", "f"]
     assert _names(catalogue, lists["content"].rows[1]) == []  # no history, no vector
     others = [fit_cooccurrence(history), fit_trending(history), fit_topic_trending(history, catalogue), fit_als(history)]
     for other in others:
