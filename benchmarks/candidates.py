@@ -11,7 +11,7 @@ table (items x neighbours at most), never an items x items matrix; users are pro
 chunks, so the working set follows the chunk, not the number of users. Usage:
 
     nice -n 5 python benchmarks/candidates.py [--items 1000000] [--users 100000] [--median 81] [--dim 384]
-        [--user-chunk 2048] [--tune-users 20000] [--eval-users 20000] [--final-users N] [--json OUT]
+        [--user-chunk 2048] [--tune-users 5000] [--eval-users 10000] [--final-users N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--median", type=float, default=81.0, help="median interactions per user (81 -> ~100 mean)")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--user-chunk", type=int, default=2048)
-    parser.add_argument("--tune-users", type=int, default=20_000)
-    parser.add_argument("--eval-users", type=int, default=20_000)
+    parser.add_argument("--tune-users", type=int, default=5_000)
+    parser.add_argument("--eval-users", type=int, default=10_000)
     parser.add_argument("--final-users", type=int, default=None, help="publish only the first N users (default all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
