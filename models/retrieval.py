@@ -153,27 +153,24 @@ def _merge_top_k(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, s
 
 
 def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return the exact top-k (score desc, item asc) of users x items with the seen pairs excluded."""
     with torch.inference_mode():
         scores = users @ items.T
         scores[torch.from_numpy(seen[0]).to(scores.device), torch.from_numpy(seen[1]).to(scores.device)] = -torch.inf
-        values, index = _top_k_past_ties(scores, k)
-    order = np.lexsort((index, -values), axis=1)[:, :k]  # exact (score desc, item asc): deterministic ties
-    rows = np.take_along_axis(index, order, axis=1)
-    vals = np.take_along_axis(values, order, axis=1)
+        width = min(k + 8, scores.shape[1])
+        values_t, index_t = torch.topk(scores, width, dim=1)
+        values, index = values_t.cpu().numpy(), index_t.cpu().numpy()
+        order = np.lexsort((index, -values), axis=1)[:, :k]  # exact (score desc, item asc): deterministic ties
+        rows, vals = np.take_along_axis(index, order, axis=1), np.take_along_axis(values, order, axis=1)
+        # torch.topk picks among equal scores arbitrarily: a row whose cut falls inside a run of equal
+        # (finite) scores is sorted whole and stably instead, so equal scores come lower item first
+        tied = np.flatnonzero((values[:, k - 1] == values[:, width - 1]) & np.isfinite(values[:, k - 1]))
+        if width < scores.shape[1] and len(tied):
+            exact_vals, exact_rows = torch.sort(scores[torch.from_numpy(tied).to(scores.device)], dim=1,
+                                                descending=True, stable=True)
+            rows[tied], vals[tied] = exact_rows[:, :k].cpu().numpy(), exact_vals[:, :k].cpu().numpy()
     rows[~np.isfinite(vals)] = -1
     return rows, vals
-
-
-def _top_k_past_ties(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return a top-`width` selection wide enough that no row's k-th score ties with an unselected item."""
-    width, n_items = min(k + 8, scores.shape[1]), scores.shape[1]
-    while True:
-        values, index = torch.topk(scores, width, dim=1)
-        values, index = values.cpu().numpy(), index.cpu().numpy()
-        # torch.topk picks among equal scores arbitrarily: widen until the cut falls between different scores
-        if width == n_items or not (values[:, k - 1] == values[:, width - 1]).any():
-            return values, index
-        width = min(width * 2, n_items)
 
 
 def candidates_table(user_ids: np.ndarray, item_ids: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:

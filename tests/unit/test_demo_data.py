@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import numpy as np
 import polars as pl
@@ -11,6 +12,7 @@ import pytest
 from nightscore.demo_data import (
     DEMO_BASE_TIME,
     EVENTS,
+    NEW_ITEM_DAYS,
     TOPIC_WORDS,
     generate_demo_data,
     generate_interactions,
@@ -78,7 +80,7 @@ def test_interactions_are_valid(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None
     assert set(interactions["event"].unique()) <= set(EVENTS)
     assert interactions["item_id"].is_in(items["item_id"].implode()).all()
     assert interactions["user_id"].n_unique() == 500
-    assert interactions.group_by("user_id").len()["len"].min() >= 3
+    assert interactions.group_by("user_id").len()["len"].min() >= 1
     assert interactions.select("user_id", "item_id", "ts").is_unique().all()
     assert interactions.equals(interactions.sort("user_id", "ts"))
 
@@ -89,11 +91,36 @@ def test_event_mix(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
     assert shares["view"] > shares["click"] > shares["purchase"] > 0
 
 
-def test_timestamps_before_base(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
+def test_timestamps_before_base_and_after_creation(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
     items, interactions = demo
     assert items["created_at"].max() <= DEMO_BASE_TIME
     assert interactions["ts"].max() <= DEMO_BASE_TIME
-    assert interactions["ts"].min() >= items["created_at"].max()
+    joined = interactions.join(items.select("item_id", "created_at"), on="item_id")
+    assert (joined["ts"] >= joined["created_at"]).all()
+
+
+def test_thin_users_and_new_items_exist(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
+    items, interactions = demo
+    per_user = interactions.group_by("user_id").len()["len"]
+    assert 0.04 < (per_user <= 2).mean() < 0.2
+    new = items.filter(pl.col("created_at") >= DEMO_BASE_TIME - timedelta(days=NEW_ITEM_DAYS))
+    assert 0.03 * items.height < new.height < 0.1 * items.height
+    touched = new["item_id"].is_in(interactions["item_id"].implode())
+    assert touched.any() and not touched.all()  # some new items are found, some have no interaction yet
+
+
+def _pair_repeats(interactions: pl.DataFrame) -> int:
+    """Return how many consecutive (item, next item) pairs of a user occur for at least 3 users."""
+    pairs = interactions.with_columns(pl.col("item_id").shift(-1).over("user_id").alias("next")).drop_nulls("next")
+    counts = pairs.select("user_id", "item_id", "next").unique().group_by("item_id", "next").len()
+    return int((counts["len"] >= 3).sum())
+
+
+def test_items_are_consumed_together(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
+    """Series and bundles make many consecutive pairs recur across users; a shuffle of the order does not."""
+    interactions = demo[1]
+    shuffled = interactions.with_columns(pl.col("item_id").shuffle(seed=0).over("user_id"))
+    assert _pair_repeats(interactions) > 5 * max(_pair_repeats(shuffled), 1)
 
 
 def test_users_concentrate_on_preferred_topics(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
