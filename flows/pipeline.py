@@ -13,7 +13,7 @@ from tasks.publish import publish, stage_cache
 from tasks.report import report_run
 from tasks.results import Published, RunRef, Stages
 from tasks.score import score_items
-from tasks.serving_features import publish_serving_features
+from tasks.serving import publish_serving_node
 from tasks.validate import validate_inputs
 from tasks.validate_outputs import validate_outputs
 
@@ -32,6 +32,6 @@ def score_and_publish(run: RunRef) -> Published:
     with transaction():  # cache and warehouse publish together: a failing step rolls the other back (on_rollback hooks)
         staged = stage_cache(run, candidates, checked)
         published = publish(run, stages, staged)
-        published = publish_serving_features(run, stages, published)
+        published = publish_serving_node(run, stages, published)
     report_run(run, stages, published)
     return published

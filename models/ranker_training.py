@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from models.evaluation import Split
-from models.ranker import TrainConfig, fit_net
+from models.ranker_net import TrainConfig, fit_net
 from models.ranker_models import LgbmScorer, MlpScorer, Scorer, lgbm_from_booster, mlp_from_net
 
 log = logging.getLogger(__name__)

@@ -74,6 +74,14 @@ def interaction_weight_expr(now: datetime, event_weights: Mapping[str, float], h
     return (event * pl.lit(0.5).pow(age_days / half_life_days)).alias("weight")
 
 
+def interaction_weights(
+    interactions: pl.DataFrame, now: datetime, event_weights: Mapping[str, float], half_life_days: float
+) -> np.ndarray:
+    """Return each interaction's weight (interaction_weight_expr) as float32, in row order."""
+    weight = interaction_weight_expr(now, event_weights, half_life_days)
+    return interactions.select(weight).get_column("weight").to_numpy().astype(np.float32)
+
+
 def user_vectors(item_vectors: torch.Tensor | ItemChunks, inter: Interactions) -> torch.Tensor:
     """Return unit-norm user vectors: the weighted sum of their items' embeddings, normalised.
 

@@ -31,8 +31,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from models.ranker import interaction_weights
-from models.retrieval import ITEM_BLOCK, Interactions, ItemChunks, top_k_items, user_vectors
+from models.retrieval import ITEM_BLOCK, Interactions, ItemChunks, interaction_weights, top_k_items, user_vectors
 
 log = logging.getLogger(__name__)
 

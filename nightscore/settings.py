@@ -112,12 +112,47 @@ class Settings(BaseSettings):
         default_factory=lambda: dict(DEFAULT_TOPIC_LABELS), description="Topic name -> description embedded as its label."
     )
     topic_temperature: float = Field(0.05, gt=0, description="Softmax temperature over label cosines.")
-    top_k: int = Field(100, ge=1, le=1000, description="Candidates per user.")
-    user_chunk: int = Field(2048, ge=1, description="Users per matrix product in candidate retrieval.")
+    top_k: int = Field(100, ge=1, le=1000, description="K: candidates per user (and the K of recall@K).")
+    user_chunk: int = Field(2048, ge=1, description="Users per chunk in every candidate source and in publishing.")
     recency_half_life_days: float = Field(14.0, gt=0, description="Half-life of an interaction's weight.")
     event_weights: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS), description="Weight of each event type in user vectors."
     )
+
+    # --- candidates: sources, fusion, ranker, gate (models/candidates.py) ----------------------------
+    candidate_sources: list[Literal["cooccurrence", "als", "content", "trending", "topic_trending"]] = Field(
+        default_factory=lambda: ["cooccurrence", "als", "content", "trending", "topic_trending"],
+        description="Retrieval sources fused into the candidates (content also yields content_new: items with no interactions).")
+    candidate_per_source: int = Field(100, ge=1, description="N: each source list's length before the union.")
+    candidate_holdout_share: float = Field(
+        0.1, gt=0, lt=1, description="Share of the run's interactions, latest by time, held out for evaluation (and, inside "
+        "the rest, for validation).")
+    candidate_max_tune_users: int = Field(5_000, ge=1, description="Users sampled to tune the fusion and train the rankers.")
+    candidate_max_eval_users: int = Field(20_000, ge=1, description="Users sampled to evaluate on the held-out split.")
+    candidate_max_new_items: int = Field(100_000, ge=1, description="Newest interaction-less items content_new scores.")
+    cooc_max_history: int = Field(50, ge=1, description="Co-visitation: a user's latest interactions that pair up.")
+    cooc_window: int = Field(8, ge=1, description="Co-visitation: pairs within this many steps of a user's history.")
+    cooc_neighbours: int = Field(100, ge=1, description="Co-visitation: neighbours kept per item (never a dense matrix).")
+    cooc_alpha: float = Field(0.5, ge=0, le=1, description="Co-visitation: normalisation exponent (0.5 = cosine).")
+    cooc_pairs_per_pass: int = Field(20_000_000, ge=1_000, description="Co-visitation: pairs aggregated per pass (memory bound).")
+    als_factors: int = Field(64, ge=1, description="ALS: latent factors.")
+    als_regularization: float = Field(0.05, ge=0, description="ALS: L2 regularisation.")
+    als_alpha: float = Field(10.0, gt=0, description="ALS: confidence scaling of an interaction.")
+    als_confidence: Literal["log", "linear"] = Field("log", description="ALS: confidence = 1 + alpha x log(1 + w/eps) or x w.")
+    als_iterations: int = Field(15, ge=1, description="ALS: iterations.")
+    trend_half_life_days: float = Field(7.0, gt=0, description="Trending: half-life of an interaction's count.")
+    topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
+    fusion_cold_target: float = Field(
+        0.3, ge=0, le=1, description="Fusion tuning: the smallest new-item quota whose validation cold recall reaches this.")
+    ranker_rounds: int = Field(300, ge=1, description="LightGBM LambdaRank (first stage and stage two): boosting rounds.")
+    ranker_learning_rate: float = Field(0.05, gt=0, description="LightGBM: learning rate.")
+    ranker_leaves: int = Field(31, ge=2, description="LightGBM: leaves per tree.")
+    candidate_gate_recall_margin: float = Field(
+        0.0, description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin.")
+    candidate_gate_min_cold_recall: float = Field(
+        0.0, ge=0, le=1, description="Gate: the run fails (exit 3) when the fused cold-item recall@K is under this (set "
+        "0.25 for a catalogue whose texts describe their items; no held-out cold item = nothing to fail).")
+    seed: int = Field(0, description="Seed of every sample, ALS and LightGBM.")
 
     # --- contracts -------------------------------------------------------------------------
     quarantine_max_share: float = Field(

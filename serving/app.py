@@ -97,11 +97,11 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
         return {"status": "ok"}
 
     @app.get("/readyz")
-    def readyz() -> dict[str, str]:
+    def readyz() -> dict[str, str | None]:
         """Return 200 when the cache answers and the model is loaded, else 503."""
         if not recommender.ready():
             raise NotReady("candidate cache unreachable")
-        return {"status": "ready", "model_version": recommender.model.version}
+        return {"status": "ready", "model_version": recommender.model_version}
 
     @app.get("/metrics")
     async def metrics_text() -> Response:

@@ -1,4 +1,9 @@
-"""Ranking apart from HTTP: a user's candidates through the cache pointer, scored by the ranker, top n kept."""
+"""Ranking apart from HTTP: a user's cache entry through the cache pointer, scored by the run's ranker, top n kept.
+
+Each published run serves with its own ranker (``serving/<run_id>/serving.json`` in the lake names the version, the
+feature set of its entries and its trending items), so a pointer switch or a rollback changes candidates and ranker
+together. A cache entry carries the candidates' feature rows: the service only scores them.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import polars as pl
 
-from models.ranker import AFFINITY_COLUMNS, ITEM_FEATURE_COLUMNS, FeatureIndex, RankerModel, load_ranker, popular_items
+from models.ranker_models import Scorer, scorer_from_bytes
 from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
-from serving.config import MAX_N, ServingConfig
-from storage.artifacts import current_ranker, fetch_ranker, latest_features_run, read_features, scratch_dir
+from serving.config import ServingConfig
+from storage.artifacts import latest_serving_run, read_scorer_bytes, read_serving
 from storage.cache import CandidateCache
-from storage.candidate_payload import decode_candidates
+from storage.candidate_payload import CandidateEntry, decode_entry
 from storage.lake import Lake
 
 log = logging.getLogger(__name__)
 
-WARM_UP_ROWS = 100
 POPULAR = "popular"
+RUNS_KEPT = 2  # the current run and the one before (a rollback target)
 
 
 @dataclass(frozen=True)
@@ -46,108 +49,80 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class FeatureSnapshot:
-    """Feature tables of one published run, with the popular items derived from them."""
+class RunServing:
+    """What one published run serves with: its ranker, the feature set of its entries, its trending items."""
 
     run_id: str
-    index: FeatureIndex
-    popular_ids: list[str]
-    popular_scores: np.ndarray
+    scorer: Scorer | None
+    version: str | None
+    feature_set: str | None
+    fallback_ids: list[str]
+    fallback_scores: list[float]
+    loaded_at: float
 
 
-def load_features(lake: Lake, run_id: str) -> FeatureSnapshot:
-    """Return a published run's feature tables, read from the lake.
+def load_run(lake: Lake, run_id: str) -> RunServing:
+    """Return a published run's serving artifacts, read from the lake.
 
     Raises:
-        ModelLoadError: the run has no feature tables, or they cannot be read.
+        ModelLoadError: the run has no serving.json, or its ranker cannot be read.
     """
     try:
-        items, users = read_features(lake, run_id, list(ITEM_FEATURE_COLUMNS), list(AFFINITY_COLUMNS))
+        serving = read_serving(lake, run_id)
+        if serving is None:
+            raise ModelLoadError(f"run {run_id} has no serving.json in the lake")
+        version = serving.get("ranker_version")
+        scorer = scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None
     except (NightscoreError, OSError) as exc:
-        raise ModelLoadError(f"cannot load the feature tables of run {run_id}: {exc}") from exc
-    ids, scores = popular_items(items, MAX_N)
-    return FeatureSnapshot(run_id, FeatureIndex(items, users), ids, scores)
+        raise ModelLoadError(f"cannot load what run {run_id} serves with: {exc}") from exc
+    return RunServing(run_id, scorer, version, serving.get("feature_set"), list(serving.get("fallback_items") or []),
+                      [float(v) for v in serving.get("fallback_scores") or []], time.monotonic())
 
 
-class FeatureStore:
-    """The feature tables of the runs the cache pointer names, loaded once per run (the last two kept)."""
+class RunStore:
+    """The serving artifacts of the runs the cache pointer names, loaded once per run and re-read every refresh_s."""
 
-    def __init__(self, lake: Lake, first_run: str) -> None:
-        self._lake = lake
+    def __init__(self, lake: Lake, first_run: str, refresh_s: float) -> None:
+        self._lake, self._refresh_s = lake, refresh_s
         self._lock = threading.Lock()
-        self._snapshots: dict[str, FeatureSnapshot] = {}
+        self._runs: dict[str, RunServing] = {}
         self.latest = self._load(first_run)
 
-    def for_run(self, run_id: str) -> FeatureSnapshot:
-        """Return a run's features, loading them on first use; the latest loaded ones if the run has none."""
+    def for_run(self, run_id: str) -> RunServing:
+        """Return a run's artifacts (re-read when stale: train-ranker may rebind its ranker); the latest if it has none."""
         with self._lock:
-            if run_id in self._snapshots:
-                return self._snapshots[run_id]
+            known = self._runs.get(run_id)
+        if known is not None and (self._refresh_s <= 0 or time.monotonic() - known.loaded_at < self._refresh_s):
+            return known
         try:
             return self._load(run_id)
         except ModelLoadError as exc:
-            log.error("serving run %s with the features of run %s: %s", run_id, self.latest.run_id, exc)
-            return self.latest
+            log.error("serving run %s with what run %s serves with: %s", run_id, (known or self.latest).run_id, exc)
+            return known or self.latest
 
-    def _load(self, run_id: str) -> FeatureSnapshot:
-        snapshot = load_features(self._lake, run_id)
+    def _load(self, run_id: str) -> RunServing:
+        run = load_run(self._lake, run_id)
         with self._lock:
-            self._snapshots[run_id] = snapshot
-            for old in list(self._snapshots)[:-2]:
-                del self._snapshots[old]
-            self.latest = snapshot
-        log.info("loaded the feature tables of run %s (%d items)", run_id, snapshot.index.n_items)
-        return snapshot
-
-
-class RankerFiles:
-    """The lake's current ranker, reloaded when a newer one becomes current (checked at most every refresh_s)."""
-
-    def __init__(self, lake: Lake, refresh_s: float) -> None:
-        self._lake, self._refresh_s = lake, refresh_s
-        self._lock = threading.Lock()
-        self.model = self._load()
-        self._checked = time.monotonic()
-
-    def _load(self) -> RankerModel:
-        version = current_ranker(self._lake)
-        if version is None:
-            raise ModelLoadError(f"no trained ranker in {self._lake.uri('models', 'ranker')}: run `nightscore run train-ranker`")
-        with scratch_dir("nightscore-serving-") as local:
-            try:
-                return load_ranker(fetch_ranker(self._lake, version, Path(local)))
-            except NightscoreError as exc:
-                raise ModelLoadError(f"cannot load ranker {version}: {exc}") from exc
-
-    def current(self) -> RankerModel:
-        """Return the loaded ranker, swapping in the lake's current one first when due and changed."""
-        due = self._refresh_s > 0 and time.monotonic() - self._checked >= self._refresh_s
-        if due and self._lock.acquire(blocking=False):  # one thread reloads; the others keep serving
-            try:
-                self._checked = time.monotonic()
-                if current_ranker(self._lake) != self.model.version:
-                    self.model = self._load()
-                    log.info("now serving ranker %s", self.model.version)
-            except (OSError, NightscoreError) as exc:
-                log.error("keeping ranker %s: %s", self.model.version, exc)
-            finally:
-                self._lock.release()
-        return self.model
+            self._runs[run_id] = run
+            for old in list(self._runs)[:-RUNS_KEPT]:
+                del self._runs[old]
+            self.latest = run
+        return run
 
 
 class Recommender:
-    """Ranks a user's cached candidates with the ranker; answers popular items when it cannot."""
+    """Ranks a user's cached candidates with the run's ranker; answers the run's trending items when it cannot."""
 
-    def __init__(self, cache: CandidateCache, ranker: RankerFiles, features: FeatureStore,
-                 fallback_on_cache_error: bool = True, on_fallback: Callable[[str], None] = lambda reason: None) -> None:
-        self.cache, self.ranker, self.features = cache, ranker, features
+    def __init__(self, cache: CandidateCache, runs: RunStore, fallback_on_cache_error: bool = True,
+                 on_fallback: Callable[[str], None] = lambda reason: None) -> None:
+        self.cache, self.runs = cache, runs
         self.fallback_on_cache_error = fallback_on_cache_error
         self._on_fallback = on_fallback
 
     @property
-    def model(self) -> RankerModel:
-        """Return the ranker in use."""
-        return self.ranker.current()
+    def model_version(self) -> str | None:
+        """Return the version of the ranker of the latest run loaded."""
+        return self.runs.latest.version
 
     def recommend(self, user_id: str, n: int) -> Recommendation:
         """Return the top n of the user's candidates of the current run, or popular items.
@@ -156,48 +131,63 @@ class Recommender:
             CacheUnavailable: the cache is down and fallback_on_cache_error is off.
         """
         try:
-            entry = self.cache.read(user_id)  # resolves the pointer on every request: switches apply at once
+            found = self.cache.read(user_id)  # pointer and entry of one run: a switch applies at once
         except CacheUnavailable as exc:
             if not self.fallback_on_cache_error:
                 raise
             log.warning("popular fallback: %s", exc)
-            return self.popular(user_id, n, "cache_unavailable")
-        if entry is None:
-            return self.popular(user_id, n, "unknown_user")
-        return self.rank(user_id, n, *entry)
+            return self.popular(user_id, n, "cache_unavailable", self.runs.latest)
+        if found is None:
+            run_id = self._current()
+            return self.popular(user_id, n, "unknown_user", self.runs.for_run(run_id) if run_id else self.runs.latest)
+        return self.rank(user_id, n, *found)
+
+    def _current(self) -> str | None:
+        try:
+            return self.cache.current()
+        except CacheUnavailable:
+            return None
 
     def rank(self, user_id: str, n: int, run_id: str, blob: bytes) -> Recommendation:
-        """Return the top n of one run's candidate payload by model score (ties keep retrieval order)."""
+        """Return the top n of one run's cache entry by its ranker's score (ties keep the candidates' order)."""
+        run = self.runs.for_run(run_id)
         try:
-            item_ids, retrieval = decode_candidates(blob)
+            entry = decode_entry(blob)
         except ValueError as exc:
             log.error("popular fallback: bad payload of %s in run %s: %s", user_id, run_id, exc)
-            return self.popular(user_id, n, "bad_payload")
-        if not item_ids:
-            return self.popular(user_id, n, "no_candidates")
-        model = self.model
-        scores = model.score(self.features.for_run(run_id).index.features(user_id, item_ids, retrieval))
+            return self.popular(user_id, n, "bad_payload", run)
+        if not entry.item_ids:
+            return self.popular(user_id, n, "no_candidates", run)
+        scores = self.scores(run, entry)
         top = np.lexsort((np.arange(len(scores)), -scores))[:n]
-        return Recommendation(user_id, [item_ids[i] for i in top], scores[top].tolist(), run_id, model.version)
+        return Recommendation(user_id, [entry.item_ids[i] for i in top], scores[top].tolist(), run_id, run.version)
 
-    def popular(self, user_id: str, n: int, reason: str) -> Recommendation:
-        """Return the n most popular items of the latest loaded run, marked as a fallback with its reason."""
+    def scores(self, run: RunServing, entry: CandidateEntry) -> np.ndarray:
+        """Return the ranker's scores of an entry's candidates (their own order, descending, without a usable ranker)."""
+        if run.scorer is None or entry.feature_set != run.feature_set:
+            if run.scorer is not None:
+                log.error("run %s: entry feature set %s is not its ranker's %s", run.run_id, entry.feature_set, run.feature_set)
+            return -np.arange(len(entry.item_ids), dtype=np.float32)
+        return run.scorer.predict(entry.features)
+
+    def popular(self, user_id: str, n: int, reason: str, run: RunServing) -> Recommendation:
+        """Return a run's n trending items, marked as a fallback with its reason."""
         self._on_fallback(reason)
-        snapshot = self.features.latest
-        ids, scores = snapshot.popular_ids[:n], snapshot.popular_scores[:n].tolist()
-        return Recommendation(user_id, ids, scores, None, None, POPULAR, reason)
+        return Recommendation(user_id, run.fallback_ids[:n], run.fallback_scores[:n], None, None, POPULAR, reason)
 
     def warm_up(self) -> None:
         """Score a dummy batch once, so the first request does not pay for lazy initialisation."""
-        self.model.score(np.zeros((WARM_UP_ROWS, len(self.model.feature_names)), dtype=np.float32))
+        scorer = self.runs.latest.scorer
+        if scorer is not None:
+            scorer.predict(np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
 
     def ready(self) -> bool:
-        """Return True when the cache answers (the model and features are loaded at construction)."""
+        """Return True when the cache answers (the ranker is loaded at construction)."""
         return self.cache.ping()
 
 
 def first_run(cache: CandidateCache, lake: Lake) -> str:
-    """Return the run whose features the service starts with: the cache's current one, else the lake's latest.
+    """Return the run the service starts with: the cache's current one, else the lake's latest published one.
 
     Raises:
         ModelLoadError: no run was ever published.
@@ -206,22 +196,21 @@ def first_run(cache: CandidateCache, lake: Lake) -> str:
         current = cache.current()
     except CacheUnavailable:
         current = None
-    latest = current or latest_features_run(lake)
+    latest = current or latest_serving_run(lake)
     if latest is None:
         raise ModelLoadError("no published run to serve: run the nightly flow first")
     return latest
 
 
 def build_recommender(config: ServingConfig, cache: CandidateCache, on_fallback: Callable[[str], None]) -> Recommender:
-    """Return a warmed-up Recommender: the lake's current ranker and the current run's feature tables.
+    """Return a warmed-up Recommender over the current run's ranker and trending items.
 
     Raises:
-        ModelLoadError: no ranker, or no feature tables of a published run.
+        ModelLoadError: no published run, or its serving artifacts cannot be loaded.
     """
     lake = Lake(config.lake_root, config.lake_options)
-    ranker = RankerFiles(lake, config.model_refresh_s)
-    features = FeatureStore(lake, first_run(cache, lake))
-    recommender = Recommender(cache, ranker, features, config.fallback, on_fallback)
+    runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s)
+    recommender = Recommender(cache, runs, config.fallback, on_fallback)
     recommender.warm_up()
-    log.info("ranker %s ready with %d items' features", ranker.model.version, features.latest.index.n_items)
+    log.info("serving run %s with ranker %s", runs.latest.run_id, runs.latest.version)
     return recommender

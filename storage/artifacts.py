@@ -1,51 +1,25 @@
-"""The online ranker's artifacts in the lake: feature tables per published run, ranker versions and the current one.
+"""The online ranker's artifacts in the lake: the ranker versions and what each published run serves with.
 
 Layout (under the lake root, so an s3:// lake serves a service on another host):
 
-- ``serving/<run_id>/item_features.parquet``, ``serving/<run_id>/user_features.parquet``: written by each
-  publication, read by the service for the run the cache pointer names (a rollback brings its features back too);
-- ``models/ranker/<version>/ranker.pt`` and ``ranker.json``: one folder per trained ranker (content-hash version);
-- ``serving/latest.json``: ``{"run_id": ...}`` of the last run whose features were written;
-- ``models/ranker/current.json``: ``{"version": ...}`` of the ranker the service loads.
+- ``models/ranker/<version>/model.bin`` and ``metadata.json``: one folder per trained ranker, content-addressed
+  (the version is a hash of the ranker's kind, feature names and bytes; models/ranker_models.py);
+- ``serving/<run_id>/serving.json``: written when a run publishes: its ranker version, the feature set of its
+  cache entries, and the trending items answered to users the run has not seen. A rollback brings back the run's
+  own ranker with its candidates;
+- ``serving/latest.json``: ``{"run_id": ...}`` of the newest published run (a service whose cache is down starts
+  from it).
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
-import tempfile
-from pathlib import Path
-
-import polars as pl
+from typing import Any
 
 from storage.lake import Lake
 
-ITEM_FEATURES, USER_FEATURES = "item_features.parquet", "user_features.parquet"
-MODEL_FILE, META_FILE = "ranker.pt", "ranker.json"
-
-
-def features_uri(lake: Lake, run_id: str, table: str) -> str:
-    """Return the URI of one feature table of a published run."""
-    return lake.uri("serving", run_id, table)
-
-
-def write_features(lake: Lake, run_id: str, items: pl.DataFrame, users: pl.DataFrame) -> tuple[str, str]:
-    """Write a run's item and user feature tables (each atomically), then name the run latest; return their URIs."""
-    uris = (lake.write_parquet(items, features_uri(lake, run_id, ITEM_FEATURES)),
-            lake.write_parquet(users, features_uri(lake, run_id, USER_FEATURES)))
-    lake.write_json({"run_id": run_id}, lake.uri("serving", "latest.json"))
-    return uris
-
-
-def latest_features_run(lake: Lake) -> str | None:
-    """Return the run whose features were written last (what a service starts with when its cache is down)."""
-    latest = lake.read_json(lake.uri("serving", "latest.json"))
-    return None if latest is None else str(latest["run_id"])
-
-
-def read_features(lake: Lake, run_id: str, item_columns: list[str], user_columns: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Return a run's (item features, user features); InputUnreadable when the run has none."""
-    return (lake.read_parquet(features_uri(lake, run_id, ITEM_FEATURES), "item features", columns=item_columns),
-            lake.read_parquet(features_uri(lake, run_id, USER_FEATURES), "user features", columns=user_columns))
+MODEL_FILE, META_FILE, SERVING_FILE = "model.bin", "metadata.json", "serving.json"
 
 
 def ranker_folder(lake: Lake, version: str) -> str:
@@ -53,30 +27,49 @@ def ranker_folder(lake: Lake, version: str) -> str:
     return lake.uri("models", "ranker", version)
 
 
-def publish_ranker(lake: Lake, version: str, local_model: Path, local_meta: Path) -> str:
-    """Upload a saved ranker (its state file and metadata) as a version, then make it current; return its folder."""
+def publish_scorer(lake: Lake, model: bytes, metadata: bytes) -> str:
+    """Write a ranker's bytes and metadata under its version (written once: the folder is content-addressed)."""
+    version = str(json.loads(metadata)["version"])
     folder = ranker_folder(lake, version)
-    lake.write_bytes(local_model.read_bytes(), posixpath.join(folder, MODEL_FILE))
-    lake.write_bytes(local_meta.read_bytes(), posixpath.join(folder, META_FILE))
-    lake.write_json({"version": version}, lake.uri("models", "ranker", "current.json"))
-    return folder
+    if not lake.exists(posixpath.join(folder, META_FILE)):
+        lake.write_bytes(model, posixpath.join(folder, MODEL_FILE))
+        lake.write_bytes(metadata, posixpath.join(folder, META_FILE))  # last: a folder with metadata is complete
+    return version
 
 
-def current_ranker(lake: Lake) -> str | None:
-    """Return the version of the ranker the service should load, or None before the first training."""
-    current = lake.read_json(lake.uri("models", "ranker", "current.json"))
-    return None if current is None else str(current["version"])
-
-
-def fetch_ranker(lake: Lake, version: str, into: Path) -> Path:
-    """Download a ranker version into a local folder; return the path of its state file (metadata beside it)."""
+def read_scorer_bytes(lake: Lake, version: str) -> tuple[bytes, bytes]:
+    """Return (model bytes, metadata bytes) of a ranker version; InputUnreadable when it is not in the lake."""
     folder = ranker_folder(lake, version)
-    into.mkdir(parents=True, exist_ok=True)
-    (into / MODEL_FILE).write_bytes(lake.read_bytes(posixpath.join(folder, MODEL_FILE)))
-    (into / META_FILE).write_bytes(lake.read_bytes(posixpath.join(folder, META_FILE)))
-    return into / MODEL_FILE
+    return lake.read_bytes(posixpath.join(folder, MODEL_FILE)), lake.read_bytes(posixpath.join(folder, META_FILE))
 
 
-def scratch_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
-    """Return a local temporary folder for files on their way to or from the lake."""
-    return tempfile.TemporaryDirectory(prefix=prefix)
+def serving_uri(lake: Lake, run_id: str) -> str:
+    """Return the URI of a published run's serving.json."""
+    return lake.uri("serving", run_id, SERVING_FILE)
+
+
+def publish_serving(lake: Lake, run_id: str, serving: dict[str, Any], latest: bool) -> str:
+    """Write a run's serving.json (and name it latest when it is the newest published run); return its URI."""
+    uri = lake.write_json(serving, serving_uri(lake, run_id))
+    if latest:
+        lake.write_json({"run_id": run_id}, lake.uri("serving", "latest.json"))
+    return uri
+
+
+def read_serving(lake: Lake, run_id: str) -> dict[str, Any] | None:
+    """Return a published run's serving.json, or None when the run has none."""
+    return lake.read_json(serving_uri(lake, run_id))
+
+
+def latest_serving_run(lake: Lake) -> str | None:
+    """Return the newest run whose serving.json was written (what a service starts with when its cache is down)."""
+    latest = lake.read_json(lake.uri("serving", "latest.json"))
+    return None if latest is None else str(latest["run_id"])
+
+
+def rebind_ranker(lake: Lake, run_id: str, version: str, kind: str) -> None:
+    """Make a published run serve another ranker version of the same feature set (the train-ranker flow)."""
+    serving = read_serving(lake, run_id)
+    if serving is None:
+        raise FileNotFoundError(f"run {run_id} has no serving.json in the lake")
+    lake.write_json({**serving, "ranker_version": version, "ranker_kind": kind}, serving_uri(lake, run_id))

@@ -17,8 +17,8 @@ import posixpath
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -287,6 +287,22 @@ class Lake:
                 return int(pq.ParquetFile(handle).metadata.num_rows)
 
         return self._io("reading", uri, rows)
+
+    def write_parquet_streams(self, rows: Iterable[Sequence[pl.DataFrame]], uris: Sequence[str],
+                              schemas: Sequence[pl.Schema]) -> list[str]:
+        """Write several files in one pass: each item of rows holds one frame per file (a row group each); return uris.
+
+        Each file is written atomically as write_parquet_frames writes one; a failure leaves none of them.
+        """
+        with ExitStack() as stack:
+            paths = [stack.enter_context(self._staged_file(uri)) for uri in uris]
+            writers: list[pq.ParquetWriter] = [stack.enter_context(pq.ParquetWriter(path, schema.to_arrow()))
+                                               for path, schema in zip(paths, schemas, strict=True)]
+            for frames in rows:
+                for writer, frame in zip(writers, frames, strict=True):
+                    table = frame.to_arrow()
+                    writer.write_table(table.cast(writer.schema))
+        return list(uris)
 
     def write_parquet_frames(self, frames: Iterable[pl.DataFrame], uri: str, schema: pl.Schema | None = None) -> str:
         """Write frames one row group at a time to uri atomically (local temporary file, then rename or upload); return uri.

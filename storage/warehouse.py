@@ -27,6 +27,7 @@ from storage.warehouse_schema import (
     CANDIDATE_COLUMNS,
     ITEM_SCORE_COLUMNS,
     NEWEST_FIRST,
+    METRIC_COLUMNS,
     QUARANTINE_COLUMNS,
     RUN_COLUMNS,
     ddl,
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 # Statuses of runs that were published once: a flow hook must never overwrite them.
 ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
-RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine")
+RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine", "retrieval_metrics")
 DUCKDB_MEMORY_LIMIT = "512MB"  # buffer pool of a write transaction; more spills to disk
 Rows: TypeAlias = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
 
@@ -75,6 +76,10 @@ class Warehouse(ABC):
     @abstractmethod
     def record_quarantine(self, run_id: str, quarantine: pa.Table) -> int:
         """Replace the quarantine rows of run_id; return how many were written."""
+
+    @abstractmethod
+    def record_metrics(self, run_id: str, metrics: pa.Table) -> int:
+        """Replace the retrieval_metrics rows of run_id; return how many were written."""
 
     @abstractmethod
     def publish(
@@ -215,6 +220,13 @@ class SqlWarehouse(Warehouse):
             session.run("DELETE FROM quarantine WHERE run_id = ?", [run_id])
             session.insert("quarantine", quarantine, QUARANTINE_COLUMNS)
         return quarantine.num_rows
+
+    def record_metrics(self, run_id: str, metrics: pa.Table) -> int:
+        """Replace the retrieval_metrics rows of run_id (kept for failed runs too: they say why); return how many."""
+        with self._transaction() as session:
+            session.run("DELETE FROM retrieval_metrics WHERE run_id = ?", [run_id])
+            session.insert("retrieval_metrics", metrics, METRIC_COLUMNS)
+        return metrics.num_rows
 
     def publish(
         self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[str], None] | None = None,
@@ -525,6 +537,7 @@ class DuckDBSession:
 
     def insert(self, table: str, rows: Rows, columns: list[str]) -> None:
         """Append rows from Arrow (DuckDB reads the registered table in place, or the stream batch by batch)."""
+        columns = present_columns(rows, columns)
         self.con.register("_incoming", rows.select(columns) if isinstance(rows, pa.Table) else rows)
         try:
             self.con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
@@ -667,6 +680,12 @@ def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     foreign = sorted(name for name in con.get_table_names(sql) if name not in known)
     if foreign:
         raise QueryRefused(f"query refused: {', '.join(foreign)} is not a warehouse table or view")
+
+
+def present_columns(rows: Rows, columns: list[str]) -> list[str]:
+    """Return the columns the rows carry, in table order (an absent nullable column is left NULL)."""
+    names = set(rows.schema.names)
+    return [column for column in columns if column in names]
 
 
 def _is_lock_error(exc: BaseException) -> bool:

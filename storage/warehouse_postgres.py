@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from psycopg import errors as pg_errors
 
 from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
-from storage.warehouse import QueryResult, SqlWarehouse
+from storage.warehouse import QueryResult, SqlWarehouse, present_columns
 from storage.warehouse_schema import ddl, kind, object_names, upgrade_ddl
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class PostgresSession:
 
     def insert(self, table: str, rows: pa.Table | pa.RecordBatchReader, columns: list[str]) -> None:
         """Append rows with one binary COPY, converting Arrow batches of COPY_BATCH_ROWS (or the stream's) at a time."""
+        columns = present_columns(rows, columns)
         kinds = [kind(table, column) for column in columns]
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
         with self.conn.cursor() as cursor, cursor.copy(statement) as copy:

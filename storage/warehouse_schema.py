@@ -65,7 +65,15 @@ RUN_COLUMNS: dict[str, str] = {
     "calibration_device_kind": "text",
     "calibrated_tokens_per_s": "double",
     "calibration_from_cache": "boolean",
+    # the candidates (issue 15): fused recall@K on held-out interactions is recall_at_k, the served ranking's NDCG@10 is
+    # ndcg_at_10; every method's figures are in retrieval_metrics
+    "cold_recall_at_k": "double",
+    "ranker_kind": "text",
+    "ranker_version": "text",
 }
+
+# Candidate sources whose rank and score each user_candidates row carries (null: the source did not list the item).
+CANDIDATE_LISTS = ("cooccurrence", "als", "content", "content_new", "trending", "topic_trending")
 
 TABLES: dict[str, dict[str, str]] = {
     "scoring_runs": RUN_COLUMNS,
@@ -76,7 +84,11 @@ TABLES: dict[str, dict[str, str]] = {
     },
     "user_candidates": {
         "run_id": "text NOT NULL", "run_date": "date NOT NULL", "user_id": "text NOT NULL", "rank": "int NOT NULL",
-        "item_id": "text NOT NULL", "score": "double NOT NULL",
+        "item_id": "text NOT NULL", "score": "double NOT NULL", "rrf_score": "double", "sources": "text",
+        **{f"rank_{name}": "int" for name in CANDIDATE_LISTS}, **{f"score_{name}": "double" for name in CANDIDATE_LISTS},
+    },
+    "retrieval_metrics": {
+        "run_id": "text NOT NULL", "method": "text NOT NULL", "metric": "text NOT NULL", "value": "double",
     },
     "quarantine": {
         "run_id": "text NOT NULL", "dataset": "text NOT NULL", "row_key": "text", "reason": "text NOT NULL",
@@ -123,6 +135,7 @@ POSTGRES_EXTRAS: dict[str, str] = {
 ITEM_SCORE_COLUMNS = list(TABLES["item_scores"])
 CANDIDATE_COLUMNS = list(TABLES["user_candidates"])
 QUARANTINE_COLUMNS = list(TABLES["quarantine"])
+METRIC_COLUMNS = list(TABLES["retrieval_metrics"])
 
 
 def kind(table: str, column: str) -> str:

@@ -1,4 +1,20 @@
-"""The `build-candidates` node: per-user candidates (user_candidates.parquet) and their quality on held-out interactions."""
+"""The `build-candidates` node: several retrieval sources fused, a stage-two ranker trained on them, measured and gated.
+
+In order (models/candidates.py holds the pure functions):
+1. the run's interactions are split in time: the latest ``candidate_holdout_share`` held out for evaluation, and the
+   same cut inside the rest gives the validation split;
+2. tune: sources fitted on the validation training part, the fusion (per-source weights, RRF constant, new-item
+   quota) tuned on its held-out part, the first stage and both stage-two rankers trained on its users' candidates;
+3. evaluate: sources fitted on the evaluation training part; every source, popularity, the fused and the ranked lists
+   measured on the held-out interactions (never tuned on) -> ``retrieval_metrics``; the better ranker kind is kept;
+4. gate: fused recall@K below popularity's (+ a margin) or cold-item recall under its floor fails the run (exit 3);
+5. publish what serving will read: sources fitted on all the run's interactions, the tuned fusion, each user's K
+   candidates with their feature rows (``candidate_entries.parquet``: one cache entry per user) and the ranker.
+
+Produces ``user_candidates.parquet``, ``candidate_entries.parquet``, ``retrieval_metrics.parquet``, ``serving.json``
+(the ranker version, its feature set and the trending list for users nobody has seen) and the ranker's files in
+``<lake>/models/ranker/<version>/``.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +25,95 @@ from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.retrieval import ITEM_BLOCK, Interactions, ItemChunks, candidates_table, interaction_weight_expr, top_k_items, user_vectors
-from models.retrieval_quality import RetrievalQuality, evaluate_retrieval, run_weights
+from models.candidates import CandidateChunk, CandidateConfig, Final, Timings, candidate_chunks, evaluate, fit_final, tune
+from models.evaluation import check_gate, metric_value, time_split
+from models.fusion import TuningGrid
+from models.ranker_models import Scorer, scorer_to_bytes
+from models.ranker_training import RankerParams
+from models.retrieval import ITEM_BLOCK, ItemChunks
+from models.sources.als import AlsParams
+from models.sources.base import encode_run
+from models.sources.cooccurrence import CooccurrenceParams
+from models.sources.popularity import PopularityParams, trending_scores
+from nightscore.errors import ContractViolation
+from nightscore.settings import Settings
+from storage.artifacts import publish_scorer
+from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
-from storage.resources import lake_for
+from storage.resources import lake_for, warehouse_for
+from storage.warehouse_schema import CANDIDATE_COLUMNS, CANDIDATE_LISTS
 from tasks.results import Candidates, RunRef, Scored, Validated
 
 log = logging.getLogger(__name__)
 
+FALLBACK_ITEMS = 100  # trending items served to users nobody has seen
+ENTRY_SCHEMA = pl.Schema({"user_id": pl.String(), "entry": pl.Binary()})
+CANDIDATES_SCHEMA = pl.Schema({
+    "run_id": pl.String(), "run_date": pl.Date(), "user_id": pl.String(), "rank": pl.Int32(), "item_id": pl.String(),
+    "score": pl.Float64(), "rrf_score": pl.Float64(), "sources": pl.String(),
+    **{f"rank_{name}": pl.Int32() for name in CANDIDATE_LISTS}, **{f"score_{name}": pl.Float64() for name in CANDIDATE_LISTS}})
+
+
+def candidate_config(settings: Settings) -> CandidateConfig:
+    """Return the candidate stage's parameters from settings."""
+    return CandidateConfig(
+        k=settings.top_k, per_source=settings.candidate_per_source, holdout_share=settings.candidate_holdout_share,
+        event_weights=dict(settings.event_weights), half_life_days=settings.recency_half_life_days,
+        sources=tuple(settings.candidate_sources),
+        cooccurrence=CooccurrenceParams(settings.cooc_max_history, settings.cooc_window, settings.cooc_neighbours,
+                                        settings.cooc_alpha, settings.cooc_pairs_per_pass),
+        als=AlsParams(settings.als_factors, settings.als_regularization, settings.als_alpha, settings.als_confidence,
+                      iterations=settings.als_iterations, seed=settings.seed),
+        popularity=PopularityParams(settings.trend_half_life_days, settings.topic_smoothing),
+        grid=TuningGrid(cold_target=settings.fusion_cold_target),
+        ranker=RankerParams(rounds=settings.ranker_rounds, learning_rate=settings.ranker_learning_rate,
+                            leaves=settings.ranker_leaves, seed=settings.seed),
+        user_chunk=settings.user_chunk, max_tune_users=settings.candidate_max_tune_users,
+        max_eval_users=settings.candidate_max_eval_users, max_new_items=settings.candidate_max_new_items,
+        device="cpu" if settings.device == "cpu" else "auto", seed=settings.seed)
+
 
 @task(name="build-candidates", cache_policy=NO_CACHE)
 def build_candidates(run: RunRef, validated: Validated, scored: Scored) -> Candidates:
-    """Produce user_candidates.parquet: exact top-K unseen items per user by cosine to their user vector.
+    """Produce the run's candidates, their held-out evaluation (retrieval_metrics) and its ranker; gate their quality."""
+    started, lake, config, timings = time.perf_counter(), lake_for(run.settings), candidate_config(run.settings), Timings()
+    items = catalogue_items(lake, validated.items_uri, scored.uri)
+    interactions = lake.read_parquet(validated.interactions_uri, "interactions", columns=["user_id", "item_id", "event", "ts"])
+    catalogue, encoded = encode_run(items, interactions)
+    chunks = item_chunks(lake, scored.uri, items.height)
+    evaluation = time_split(encoded, config.holdout_share)
+    tuned = tune(catalogue, encoded, chunks, config, evaluation, timings)
+    report = evaluate(catalogue, encoded, chunks, config, evaluation, tuned, timings)
+    metrics = record_metrics(lake, run, report.metrics)
+    gate(metrics, run.settings)
+    final = fit_final(catalogue, encoded, chunks, config, run.reference_time, tuned, report.scorer, timings)
+    users, rows = write_candidates(lake, run, final)
+    version = publish_ranker(lake, run, final, report.scorer, report.chosen)
+    log.info("candidates of %d users (%d rows); ranker %s (%s); seconds per step %s", users, rows, version, report.chosen,
+             {k: round(v, 1) for k, v in timings.seconds.items()})
+    return Candidates(
+        run.path("user_candidates.parquet"), users, rows, _finite(metric_value(metrics, "fused", "recall_at_k")),
+        _finite(metric_value(metrics, "ranked" if report.scorer else "fused", "ndcg_at_10")),
+        _finite(metric_value(metrics, "popularity", "recall_at_k")), _finite(metric_value(metrics, "popularity", "ndcg_at_10")),
+        int(metric_value(metrics, "split", "users_evaluated")), time.perf_counter() - started,
+        entries_uri=run.path("candidate_entries.parquet"), metrics_uri=run.path("retrieval_metrics.parquet"),
+        cold_recall_at_k=_finite(metric_value(metrics, "fused", "cold_recall_at_k")), ranker_kind=report.chosen,
+        ranker_version=version)
 
-    Item embeddings stream in blocks (never all at once); only item ids are held whole.
-    """
-    started, lake, cfg = time.perf_counter(), lake_for(run.settings), run.settings
-    index = lake.read_parquet(scored.uri, "item_scores", columns=["item_id"]).with_row_index("item_row")
-    interactions = lake.read_parquet(validated.interactions_uri, "interactions")
-    users = interactions.select("user_id").unique().sort("user_id").with_row_index("user_row")
-    joined = (interactions.join(index, on="item_id").join(users, on="user_id")
-              .with_columns(interaction_weight_expr(run.reference_time, cfg.event_weights, cfg.recency_half_life_days)))
-    inter = Interactions(joined["user_row"].to_numpy(), joined["item_row"].to_numpy(), joined["weight"].to_numpy(), users.height)
-    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
-    items = item_chunks(lake, scored.uri, index.height)
-    rows, scores = top_k_items(user_vectors(items, inter).to(device), items, inter, cfg.top_k, cfg.user_chunk)
-    frame = candidates_frame(run, users.get_column("user_id"), index.get_column("item_id"), rows, scores)
-    lake.write_parquet(frame, run.path("user_candidates.parquet"))
-    quality = retrieval_quality(index.get_column("item_id"), items, interactions, run)
-    return Candidates(run.path("user_candidates.parquet"), frame.get_column("user_id").n_unique(), frame.height,
-                      _finite(quality.recall_at_k), _finite(quality.ndcg_at_10), _finite(quality.popularity_recall_at_k),
-                      _finite(quality.popularity_ndcg_at_10), quality.users_evaluated, time.perf_counter() - started)
+
+def catalogue_items(lake: Lake, items_uri: str, scores_uri: str) -> pl.DataFrame:
+    """Return the items in item_scores order (the embeddings' row order): item_id, created_at, topic, topic_score."""
+    scores = lake.read_parquet(scores_uri, "item_scores", columns=["item_id", "topic", "topic_score"])
+    created = lake.read_parquet(items_uri, "items", columns=["item_id", "created_at"])
+    return scores.join(created, on="item_id", how="left", maintain_order="left").select(
+        "item_id", "created_at", "topic", "topic_score")
 
 
 def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:
-    """Return item_scores' embeddings as blocks of ITEM_BLOCK rows, read from the lake on each pass."""
+    """Return item_scores' embeddings as blocks of ITEM_BLOCK rows, read from the lake on each pass (never all at once)."""
     def read() -> Iterator[np.ndarray]:
         for frame in lake.iter_frames(uri, "item_scores", columns=["embedding"], batch_size=ITEM_BLOCK):
             yield frame.get_column("embedding").to_numpy()
@@ -55,21 +121,74 @@ def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:
     return ItemChunks(n_items, read)
 
 
-def retrieval_quality(item_ids: pl.Series, items: ItemChunks, interactions: pl.DataFrame, run: RunRef) -> RetrievalQuality:
-    """Return recall@K and NDCG@10 of retrieval on each user's last 2 interactions held out, vs popularity."""
-    cfg = run.settings
-    weights = run_weights(run.reference_time, cfg.event_weights, cfg.recency_half_life_days)
-    q = evaluate_retrieval(item_ids.to_list(), items, interactions, weights, k=cfg.top_k, holdout=2, chunk=cfg.user_chunk)
-    log.info("retrieval on held-out interactions (%d users): recall@%d %.3f vs popularity %.3f; NDCG@10 %.3f vs %.3f",
-             q.users_evaluated, q.k, q.recall_at_k, q.popularity_recall_at_k, q.ndcg_at_10, q.popularity_ndcg_at_10)
-    return q
+def record_metrics(lake: Lake, run: RunRef, metrics: pl.DataFrame) -> pl.DataFrame:
+    """Write the run's retrieval_metrics to its folder and the warehouse (kept when the gate then fails); return them."""
+    table = metrics.select(pl.lit(run.run_id).alias("run_id"), "method", "metric", pl.col("value").cast(pl.Float64))
+    lake.write_parquet(table, run.path("retrieval_metrics.parquet"))
+    warehouse_for(run.settings, run.embedding_dim).record_metrics(run.run_id, table.to_arrow())
+    for method in ("popularity", "fused", "ranked"):
+        log.info("held-out %s: recall@K %.4f, NDCG@10 %.4f, cold recall@K %.4f", method,
+                 metric_value(table, method, "recall_at_k"), metric_value(table, method, "ndcg_at_10"),
+                 metric_value(table, method, "cold_recall_at_k"))
+    return table
+
+
+def gate(metrics: pl.DataFrame, settings: Settings) -> None:
+    """Fail the run (ContractViolation, exit 3, nothing published) when the fused candidates lose to popularity."""
+    try:
+        check_gate(metrics, settings.candidate_gate_recall_margin, settings.candidate_gate_min_cold_recall)
+    except ContractViolation as exc:
+        raise ContractViolation(f"{exc} (retrieval_metrics of the run hold every method's figures)") from exc
+
+
+def write_candidates(lake: Lake, run: RunRef, final: Final) -> tuple[int, int]:
+    """Write user_candidates.parquet and candidate_entries.parquet in one pass, user chunk by chunk; return (users, rows)."""
+    counts = {"users": 0, "rows": 0}
+
+    def rows() -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+        for chunk in candidate_chunks(final):
+            counts["users"] += chunk.frame.get_column("user_id").n_unique()
+            counts["rows"] += chunk.frame.height
+            yield candidate_rows(run, chunk.frame), entry_frame(chunk, final)
+
+    lake.write_parquet_streams(rows(), [run.path("user_candidates.parquet"), run.path("candidate_entries.parquet")],
+                               [CANDIDATES_SCHEMA, ENTRY_SCHEMA])
+    return counts["users"], counts["rows"]
+
+
+def entry_frame(chunk: CandidateChunk, final: Final) -> pl.DataFrame:
+    """Return one chunk's cache entries (user_id, encoded payload: candidate ids in order and their feature rows)."""
+    feature_set = feature_set_id(chunk.feature_names)
+    users, blobs = [], []
+    for user_id, item_ids, features in chunk.payloads(final.catalogue.item_ids, final.catalogue.user_ids):
+        if item_ids:
+            users.append(user_id)
+            blobs.append(encode_entry(CandidateEntry(item_ids, features, feature_set)))
+    return pl.DataFrame({"user_id": users, "entry": blobs}, schema=ENTRY_SCHEMA)
+
+
+def candidate_rows(run: RunRef, frame: pl.DataFrame) -> pl.DataFrame:
+    """Return a chunk's long candidates in the user_candidates table's columns (a source not run: nulls)."""
+    out = frame.with_columns(pl.col("sources").list.join(",").alias("sources"))
+    for name in CANDIDATE_LISTS:
+        for column, dtype in ((f"rank_{name}", pl.Int32), (f"score_{name}", pl.Float64)):
+            out = out.with_columns(pl.col(column).cast(dtype) if column in out.columns else pl.lit(None, dtype=dtype).alias(column))
+    out = out.with_columns(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"))
+    return out.select(CANDIDATE_COLUMNS).cast(dict(CANDIDATES_SCHEMA))
+
+
+def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None, kind: str) -> str | None:
+    """Write the ranker to the lake (content-addressed) and the run's serving.json; return the ranker version."""
+    version = publish_scorer(lake, *scorer_to_bytes(scorer, {"trained_on": run.run_id})) if scorer is not None else None
+    names = tuple(scorer.feature_names) if scorer is not None else ()
+    trending = trending_scores(final.history, final.config.popularity.trend_half_life_days)
+    top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
+    lake.write_json({"run_id": run.run_id, "ranker_version": version, "ranker_kind": kind, "feature_names": list(names),
+                     "feature_set": feature_set_id(names) if names else None,
+                     "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
+                     "fallback_scores": [float(v) for v in trending[top]]}, run.path("serving.json"))
+    return version
 
 
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)  # NaN (no user to evaluate) is stored as NULL
-
-
-def candidates_frame(run: RunRef, user_ids: pl.Series, item_ids: pl.Series, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:
-    """Return the long candidates table (run_id, run_date, user_id, rank, item_id, score), rank from 1."""
-    table = candidates_table(user_ids.to_numpy(), item_ids.to_numpy(), rows, scores)
-    return table.select(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), pl.all())

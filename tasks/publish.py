@@ -1,7 +1,7 @@
 """The `publish` node: stage the cache version, then one warehouse transaction that switches the cache pointer and
 commits, then the lake partitions.
 
-`stage_cache` and `publish` run inside one Prefect transaction with `publish_serving_features`
+`stage_cache` and `publish` run inside one Prefect transaction with `publish_serving_node`
 (flows/pipeline.py), each with an on_rollback hook, so a failing step undoes the ones before it: the staged
 cache version is dropped, and a committed publication is retracted (the warehouse's latest run, both cache
 pointers and the lake partitions go back to the run before; the failed run's rows are deleted). A step undoes
@@ -42,7 +42,6 @@ from nightscore.settings import Settings
 from nightscore.stop import fault_point
 from storage import duckdb_lake, leases
 from storage.cache import CandidateCache
-from storage.candidate_payload import encode_candidates
 from storage.lake import Lake
 from storage.publication import Pointers, drop_unless_current, retract, switch_in_transaction, unstage_cache
 from storage.resources import cache_for, lake_for, warehouse_for
@@ -52,6 +51,7 @@ from tasks.validate import record_quarantine
 
 log = logging.getLogger(__name__)
 
+ENTRY_BATCH = 4_096  # cache entries per batch (a user's entry is ~10 KB: ids and feature rows)
 BATCH_ROWS = 32_768  # item_scores rows per batch when publishing (x 384 floats: ~50 MB)
 CONTRACT_VERSIONS = ",".join([ITEMS_CONTRACT, INTERACTIONS_CONTRACT, ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT])
 PARTITIONED = {"item_scores": "item_scores.parquet", "user_candidates": "user_candidates.parquet"}
@@ -76,13 +76,12 @@ def fail_at(point: str, settings: Settings) -> None:
 def stage_cache(run: RunRef, candidates: Candidates, checked: Checked) -> Staged:
     """Produce the run's cache version (not yet visible to readers); return its size and the pointer before it."""
     lake = lake_for(run.settings)
-    frame = lake.read_parquet(candidates.uri, "user_candidates")
     with cache_for(run.settings) as cache:
         old_pointer = cache.current()
         if old_pointer == run.run_id:  # resumed after a crash past the switch: the version was complete before it
-            written = frame.get_column("user_id").n_unique()
+            written = lake.parquet_rows(candidates.entries_uri)
         else:
-            written = cache.write_version(run.run_id, cache_entries(frame))
+            written = cache.write_version(run.run_id, cache_entries(lake, candidates.entries_uri))
     _remember(run=run)
     return Staged(written, old_pointer)
 
@@ -95,11 +94,10 @@ def _drop_staged_version(txn: Transaction) -> None:
     log.warning("rolled back the staged cache version of %s", run.run_id)
 
 
-def cache_entries(candidates: pl.DataFrame) -> Iterator[tuple[str, bytes]]:
-    """Yield (user_id, payload) for every user in the long candidates table, ranks in order."""
-    grouped = candidates.sort(["user_id", "rank"]).group_by("user_id", maintain_order=True).agg("item_id", "score")
-    for user_id, item_ids, scores in grouped.iter_rows():
-        yield user_id, encode_candidates(item_ids, scores)
+def cache_entries(lake: Lake, uri: str) -> Iterator[tuple[str, bytes]]:
+    """Yield (user_id, payload) of every user's cache entry (candidate ids and feature rows), streamed in batches."""
+    for batch in lake.iter_frames(uri, "candidate_entries", batch_size=ENTRY_BATCH):
+        yield from batch.select("user_id", "entry").iter_rows()
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -254,6 +252,8 @@ def run_record(run: RunRef, stages: Stages, stage_seconds: dict[str, float]) -> 
         rows_reused=encoded.rows_reused, rows_computed=encoded.rows_computed, shards_reused=encoded.shards_reused,
         interactions_in=validated.interactions_in, interactions_quarantined=validated.interactions_quarantined,
         users_with_candidates=candidates.users_with_candidates, recall_at_k=candidates.recall_at_k,
+        cold_recall_at_k=candidates.cold_recall_at_k, ranker_kind=candidates.ranker_kind,
+        ranker_version=candidates.ranker_version,
         ndcg_at_10=candidates.ndcg_at_10, popularity_recall_at_k=candidates.popularity_recall_at_k,
         popularity_ndcg_at_10=candidates.popularity_ndcg_at_10, real_tokens=encoded.real_tokens,
         padded_tokens=encoded.padded_tokens, padding_efficiency=encoded.padding_efficiency,

@@ -183,6 +183,11 @@ class Candidates:
     popularity_ndcg_at_10: float | None
     quality_users: int
     seconds: float
+    entries_uri: str = ""  # candidate_entries.parquet: one cache entry (ids + feature rows) per user
+    metrics_uri: str = ""  # retrieval_metrics.parquet: every method's held-out figures
+    cold_recall_at_k: float | None = None
+    ranker_kind: str = "none"
+    ranker_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +273,9 @@ class RunRecord:
     calibration_device_kind: str | None = None
     calibrated_tokens_per_s: float | None = None
     calibration_from_cache: bool | None = None
+    cold_recall_at_k: float | None = None
+    ranker_kind: str | None = None
+    ranker_version: str | None = None
     published_at: datetime | None = None
     message: str | None = None
 

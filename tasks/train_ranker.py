@@ -1,20 +1,24 @@
-"""The nodes of the `train-ranker` flow: find the published run to train on, train and publish the ranker."""
+"""The nodes of the `train-ranker` flow: retrain a published run's stage-two ranker with the current settings and serve it."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.ranker import embedding_retrieval, metadata_path, save_ranker, train_ranker
+from models.candidates import evaluate, tune
+from models.evaluation import time_split
+from models.ranker_models import scorer_to_bytes
+from models.sources.base import encode_run
 from nightscore.errors import UsageError
 from nightscore.settings import current_settings
-from storage.artifacts import publish_ranker, scratch_dir
+from storage.artifacts import publish_scorer, ranker_folder, read_serving, rebind_ranker
+from storage.candidate_payload import feature_set_id
 from storage.resources import lake_for, warehouse_for
+from tasks.candidates import candidate_config, catalogue_items, item_chunks
 from tasks.results import RunRef
 from tasks.start import run_ref, saved_run
 
@@ -51,16 +55,30 @@ def published_run(run_id: str | None) -> RunRef:
 
 @task(name="train-ranker", cache_policy=NO_CACHE)
 def train(run: RunRef) -> TrainedRanker:
-    """Produce a versioned ranker in the lake (models/ranker/<version>/, made current) with its offline metrics."""
+    """Produce a new stage-two ranker for a published run (tuned and evaluated as a nightly run does) and serve it.
+
+    The run's cache entries keep their feature rows: the new ranker must read the same feature set, else the run is
+    left as it was and UsageError says to run the nightly flow instead.
+    """
     started, cfg, lake = time.perf_counter(), run.settings, lake_for(run.settings)
-    items = lake.read_parquet(run.path("valid/items.parquet"), "items")
-    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions")
-    scores = lake.read_parquet(run.path("item_scores.parquet"), "item_scores", columns=["item_id", "topic", "topic_score", "embedding"])
-    retrieval = embedding_retrieval(scores.select("item_id", "embedding"), cfg.event_weights, cfg.recency_half_life_days)
-    model = train_ranker(items, interactions, scores.select("item_id", "topic", "topic_score"), retrieval)
-    with scratch_dir("nightscore-ranker-") as local:
-        path = save_ranker(model, Path(local) / "ranker.pt")
-        uri = publish_ranker(lake, model.version, path, metadata_path(path))
-    log.info("ranker %s trained on %s: %s", model.version, run.run_id, model.metrics)
-    metrics = {k: float(v) for k, v in model.metrics.items() if isinstance(v, (int, float))}
-    return TrainedRanker(model.version, uri, run.run_id, metrics, time.perf_counter() - started)
+    serving = read_serving(lake, run.run_id)
+    if serving is None:
+        raise UsageError(f"run {run.run_id} has no serving.json: only runs published by this release can be retrained")
+    items = catalogue_items(lake, run.path("valid/items.parquet"), run.path("item_scores.parquet"))
+    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions", columns=["user_id", "item_id", "event", "ts"])
+    config = candidate_config(cfg)
+    catalogue, encoded = encode_run(items, interactions)
+    chunks = item_chunks(lake, run.path("item_scores.parquet"), items.height)
+    evaluation = time_split(encoded, config.holdout_share)
+    tuned = tune(catalogue, encoded, chunks, config, evaluation)
+    report = evaluate(catalogue, encoded, chunks, config, evaluation, tuned)
+    if report.scorer is None:
+        raise UsageError(f"run {run.run_id}: no held-out interaction to train a ranker on")
+    if feature_set_id(report.scorer.feature_names) != serving.get("feature_set"):
+        raise UsageError(f"the settings now give run {run.run_id}'s candidates another feature set: run the nightly flow")
+    version = publish_scorer(lake, *scorer_to_bytes(report.scorer, {"trained_on": run.run_id}))
+    rebind_ranker(lake, run.run_id, version, report.chosen)
+    metrics = {f"{row['method']}.{row['metric']}": float(row["value"]) for row in report.metrics.iter_rows(named=True)
+               if row["method"].startswith("ranked") and row["value"] == row["value"]}
+    log.info("ranker %s (%s) trained on %s: %s", version, report.chosen, run.run_id, metrics)
+    return TrainedRanker(version, ranker_folder(lake, version), run.run_id, metrics, time.perf_counter() - started)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import polars as pl
 
 if TYPE_CHECKING:
     from tasks.results import Published
@@ -50,3 +53,32 @@ def published(**record: object) -> "Published":
         **record,
     }
     return Published(RunRecord(**values), dict(data_docs), dict(stage_seconds), shards=4, cache_entries=10)  # type: ignore[arg-type]
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def hashed_text_vectors(items: pl.DataFrame, dim: int = 256) -> pl.DataFrame:
+    """Return (item_id, embedding): unit TF-IDF vectors of title + body over crc32-hashed tokens.
+
+    A stand-in for the encoder's embeddings in tests and demos; deterministic, no model needed.
+    """
+    texts = items.select((pl.col("title").fill_null("") + " " + pl.col("body").fill_null("")).str.to_lowercase())
+    counts = np.zeros((items.height, dim), dtype=np.float32)
+    for row, text in enumerate(texts.to_series().to_list()):
+        hashes = [zlib.crc32(token.encode()) % dim for token in _TOKEN.findall(text)]
+        np.add.at(counts[row], hashes, 1.0)
+    idf = np.log((1.0 + items.height) / (1.0 + (counts > 0).sum(axis=0))) + 1.0
+    vectors = np.log1p(counts) * idf
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return pl.DataFrame({"item_id": items.get_column("item_id"), "embedding": list(vectors)})
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Return the ROC AUC (Mann-Whitney, ties counted half); NaN without both classes."""
+    labels = np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = pl.Series(np.asarray(scores, dtype=np.float64)).rank("average").to_numpy()
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

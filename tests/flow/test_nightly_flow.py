@@ -10,7 +10,7 @@ import pytest
 from nightscore.demo_data import generate_demo_data
 from nightscore.errors import ContractViolation, InputUnreadable
 from nightscore.settings import load_settings
-from storage.candidate_payload import decode_candidates
+from storage.candidate_payload import decode_entry
 from storage.resources import cache_for, warehouse_for
 
 RUN_DATE = "2026-11-30"
@@ -56,9 +56,9 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
 
     cache = cache_for(load_settings())
     run_id, blob = cache.read(interactions["user_id"][0])
-    item_ids, scores = decode_candidates(blob)
-    assert run_id == summary.run_id and len(item_ids) == 20
-    assert list(scores) == sorted(scores, reverse=True)
+    entry = decode_entry(blob)
+    item_ids = entry.item_ids
+    assert run_id == summary.run_id and len(item_ids) == 20 and entry.features.shape[0] == 20
     published = warehouse_for(load_settings()).query(
         "select item_id from latest_user_candidates where user_id = ? order by rank", [interactions["user_id"][0]])
     assert [r[0] for r in published.rows] == item_ids
@@ -125,7 +125,7 @@ def test_republishing_a_run_date_replaces_its_rows(tiny: Path, tmp_path: Path) -
     assert scalar(f"select status from scoring_runs where run_id = '{first.run_id}'") == "replaced"
 
 
-def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path) -> None:
+def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hive partitions mirror the warehouse; rollback moves views and cache together; drift fails the output suite."""
     import duckdb
 
@@ -147,6 +147,8 @@ def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path
     drifted = items.with_columns(pl.lit("football match").alias("title"),
                                  pl.lit("the striker scored a goal in the league match at the stadium").alias("body"))
     drift_items, _ = write_inputs(tmp_path / "drift", drifted, interactions)
+    # the tiny random encoder puts ~92% of these texts in one topic already: every item there moves its share by 0.08
+    monkeypatch.setenv("NIGHTSCORE_TOPIC_SHARE_TOLERANCE", "0.05")
     with pytest.raises(ContractViolation, match="dataset suite failed: item_scores"):
         nightly(run_date="2026-12-02", items_uri=drift_items, interactions_uri=inter_uri)
     assert scalar("select run_id from latest_run") == first.run_id and cache.current() == first.run_id
@@ -164,7 +166,7 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     published = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
                         interactions_uri=str(tmp_path / "in" / "interactions.parquet"))
     trained = train_ranker(TrainRankerParams())
-    assert 0.0 <= trained.metrics["auc"] <= 1.0 and trained.trained_on == published.run_id
+    assert 0.0 <= trained.metrics["ranked.ndcg_at_10"] <= 1.0 and trained.trained_on == published.run_id
     cfg = load_settings()
     with TestClient(create_app(serving_config(cfg))) as client:
         user = interactions["user_id"][0]

@@ -21,7 +21,7 @@ import polars as pl
 import pytest
 
 from storage.cache import open_cache
-from storage.candidate_payload import decode_candidates
+from storage.candidate_payload import decode_entry
 from tests.helpers import demo_inputs
 from tests.servers import wait_for
 
@@ -79,8 +79,8 @@ def outputs(home: Path) -> dict[str, object]:
     for user in users:
         got_run, blob = cache.read(user)
         assert got_run == run_id
-        ids, values = decode_candidates(blob)
-        lists[user] = (ids, values.tolist())
+        entry = decode_entry(blob)
+        lists[user] = (entry.item_ids, entry.features.tolist())
     cache.close()
     return {"scores": scores, "candidates": cands, "cache": lists}
 

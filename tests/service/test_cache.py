@@ -20,10 +20,11 @@ import redis
 
 from nightscore.errors import CacheUnavailable, PublishError
 from storage.cache import CandidateCache, RedisCache, SqliteCache, open_cache, redact_url
-from storage.candidate_payload import PAYLOAD_VERSION, decode_candidates, encode_candidates
+from storage.candidate_payload import PAYLOAD_VERSION, CandidateEntry, decode_entry, encode_entry, feature_set_id
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DEAD_REDIS_URL = "redis://127.0.0.1:1/0"
+FEATURE_SET = feature_set_id(["s0", "s1", "s2"])
 N_CANDIDATES = 100
 WAIT_S = 60.0  # deadlock guard only; nothing asserts on speed
 
@@ -38,7 +39,8 @@ def _scores(run_id: str) -> np.ndarray:
 
 def _payload(run_id: str) -> bytes:
     """Return a payload whose every item id is suffixed with the run id."""
-    return encode_candidates([f"item{i}-{run_id}" for i in range(N_CANDIDATES)], _scores(run_id))
+    features = _scores(run_id)[:, None].repeat(3, axis=1)
+    return encode_entry(CandidateEntry([f"item{i}-{run_id}" for i in range(N_CANDIDATES)], features, FEATURE_SET))
 
 
 def _entries(run_id: str, n_users: int = 20) -> list[tuple[str, bytes]]:
@@ -48,7 +50,8 @@ def _entries(run_id: str, n_users: int = 20) -> list[tuple[str, bytes]]:
 
 def _mismatch(run_id: str, blob: bytes) -> str | None:
     """Return why a payload is not exactly run_id's list, or None when it is."""
-    item_ids, scores = decode_candidates(blob)
+    entry = decode_entry(blob)
+    item_ids, scores = entry.item_ids, entry.features[:, 0]
     runs = {item.rsplit("-", 1)[1] for item in item_ids}
     if runs != {run_id} or len(item_ids) != N_CANDIDATES or not np.array_equal(scores, _scores(run_id)):
         return f"pointer {run_id} but payload of runs {sorted(runs)}"
@@ -118,36 +121,40 @@ def cache(location: tuple[str, str]) -> Iterator[CandidateCache]:
 # --- payload --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("as_array", [True, False])
-def test_payload_round_trip(as_array: bool) -> None:
+def test_payload_round_trip() -> None:
     item_ids = [f"artículo-{i}-日本-🎧" for i in range(N_CANDIDATES)]
-    scores = np.linspace(1.0, -1.0, N_CANDIDATES)
-    blob = encode_candidates(item_ids, scores if as_array else scores.tolist())
-    got_ids, got_scores = decode_candidates(blob)
-    assert got_ids == item_ids
-    assert got_scores.dtype == np.float32
-    np.testing.assert_array_equal(got_scores, scores.astype(np.float32))
-    assert len(blob) < 40 * N_CANDIDATES  # compact: ids + 4 bytes a score
+    features = np.random.default_rng(0).normal(size=(N_CANDIDATES, 7)).astype(np.float32)
+    blob = encode_entry(CandidateEntry(item_ids, features, FEATURE_SET))
+    entry = decode_entry(blob)
+    assert entry.item_ids == item_ids and entry.feature_set == FEATURE_SET
+    assert entry.features.dtype == np.float32
+    np.testing.assert_array_equal(entry.features, features)
+    assert len(blob) < 40 * N_CANDIDATES + 4 * features.size  # compact: ids + 4 bytes a feature
 
 
 @pytest.mark.parametrize(
     "blob",
     [
-        msgpack.packb([PAYLOAD_VERSION + 1, ["a"], b"\0" * 4]),
+        msgpack.packb([PAYLOAD_VERSION + 1, "f", ["a"], 1, b"\0" * 4]),
         msgpack.packb({"v": PAYLOAD_VERSION}),
-        msgpack.packb([PAYLOAD_VERSION, ["a", "b"], b"\0" * 4]),
+        msgpack.packb([PAYLOAD_VERSION, "f", ["a", "b"], 1, b"\0" * 4]),
+        msgpack.packb([PAYLOAD_VERSION, "f", ["a"], 0, b""]),
         b"\xc1 not msgpack",
     ],
-    ids=["future-version", "not-a-list", "scores-mismatch", "garbage"],
+    ids=["future-version", "not-a-list", "features-mismatch", "no-features", "garbage"],
 )
 def test_payload_rejects_unknown_or_broken(blob: bytes) -> None:
     with pytest.raises(ValueError):
-        decode_candidates(blob)
+        decode_entry(blob)
 
 
-def test_payload_rejects_score_count_mismatch() -> None:
-    with pytest.raises(ValueError, match="one score per item"):
-        encode_candidates(["a", "b"], [1.0])
+def test_payload_rejects_feature_row_count_mismatch() -> None:
+    with pytest.raises(ValueError, match="one feature row per item"):
+        CandidateEntry(["a", "b"], np.zeros((1, 3), np.float32), "f")
+
+
+def test_feature_set_names_the_columns_in_order() -> None:
+    assert feature_set_id(["a", "b"]) == feature_set_id(("a", "b")) != feature_set_id(["b", "a"])
 
 
 # --- versions and pointer -------------------------------------------------------------------

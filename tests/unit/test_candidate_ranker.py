@@ -9,7 +9,8 @@ import torch
 from models.candidates import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
 from models.evaluation import check_gate, metric_value, time_split
 from models.fusion import Fused, TuningGrid
-from models.ranker import TrainConfig, auc, fit_net, hashed_text_vectors
+from models.ranker_net import TrainConfig, fit_net
+from tests.helpers import auc, hashed_text_vectors
 from models.ranker_features import candidate_features, feature_context, feature_names
 from models.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
 from models.ranker_training import RankerParams, Rows, rerank, train_lambdarank, train_mlp
