@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
@@ -17,7 +17,7 @@ from rich.table import Table
 from storage.warehouse import QueryResult
 
 if TYPE_CHECKING:
-    from tasks.results import Published, RunRecord
+    from tasks.results import MethodQuality, Published, RunRecord
 
 
 def _json_value(value: Any) -> Any:
@@ -88,8 +88,10 @@ def summary_text(published: Published, elapsed_s: float | None = None, quarantin
         _encode_line(published),
         f"  model {r.model_version}",
         *_engine_line(r),
-        f"  retrieval on held-out interactions: recall@K {_num(r.recall_at_k)} (popularity"
-        f" {_num(r.popularity_recall_at_k)}), NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)})",
+        f"  candidates on held-out interactions: fused recall@K {_num(r.recall_at_k)} (popularity"
+        f" {_num(r.popularity_recall_at_k)}), ranked NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)}),"
+        f" cold-item recall@K {_num(r.cold_recall_at_k)}; ranker {r.ranker_kind or 'none'}",
+        *quality_table(published.quality),
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in published.stage_seconds.items()),
     ]
     if published.data_docs:
@@ -118,6 +120,16 @@ def truncation_warning(truncated: int, encoded: int, max_tokens: int | None) -> 
         return []
     limit = f"{max_tokens} tokens" if max_tokens else "the model's maximum length"
     return [f"  warning: {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at {limit}"]
+
+
+def quality_table(quality: Sequence[MethodQuality]) -> list[str]:
+    """Return the per-method table of the held-out evaluation (retrieval_metrics), indented under the summary."""
+    if not quality:
+        return []
+    lines = [f"    {'method':<16}{'recall@K':>10}{'NDCG@10':>10}{'cold recall':>13}{'coverage':>10}"]
+    lines += [f"    {q.method:<16}{_num(q.recall_at_k):>10}{_num(q.ndcg_at_10):>10}{_num(q.cold_recall_at_k):>13}"
+              f"{_num(q.coverage_at_k):>10}" for q in quality]
+    return lines
 
 
 def _engine_line(r: RunRecord) -> list[str]:

@@ -60,3 +60,16 @@ def score_distributions(current: np.ndarray, previous: np.ndarray | None, previo
     ax.set_xlabel("topic_score")
     ax.legend()
     return _png(plt, fig)
+
+
+def retrieval_quality(methods: Sequence[str], recall: Sequence[float], ndcg: Sequence[float], k: int) -> bytes:
+    """Return a PNG of held-out recall@K and NDCG@10 per method, side by side (popularity, each source, fused, ranked)."""
+    plt, fig, ax = _figure()
+    x = np.arange(len(methods))
+    ax.bar(x - 0.2, list(recall), 0.4, label=f"recall@{k}", color="#3b6ea5")
+    ax.bar(x + 0.2, list(ndcg), 0.4, label="NDCG@10", color="#d08c2e")
+    ax.set_xticks(x, list(methods))
+    ax.set_title("Candidates on held-out interactions")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend()
+    return _png(plt, fig)

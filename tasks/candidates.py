@@ -45,7 +45,7 @@ from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
 from storage.warehouse_schema import CANDIDATE_COLUMNS, CANDIDATE_LISTS
-from tasks.results import Candidates, RunRef, Scored, Validated
+from tasks.results import Candidates, MethodQuality, RunRef, Scored, Validated
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,14 @@ def build_candidates(run: RunRef, validated: Validated, scored: Scored) -> Candi
         int(metric_value(metrics, "split", "users_evaluated")), time.perf_counter() - started,
         entries_uri=run.path("candidate_entries.parquet"), metrics_uri=run.path("retrieval_metrics.parquet"),
         cold_recall_at_k=_finite(metric_value(metrics, "fused", "cold_recall_at_k")), ranker_kind=report.chosen,
-        ranker_version=version)
+        ranker_version=version, quality=method_quality(metrics))
+
+
+def method_quality(metrics: pl.DataFrame) -> tuple[MethodQuality, ...]:
+    """Return each method's held-out figures (retrieval_metrics without the split's own counts), in table order."""
+    methods = metrics.filter(pl.col("method") != "split").get_column("method").unique(maintain_order=True).to_list()
+    return tuple(MethodQuality(m, *(_finite(metric_value(metrics, m, name)) for name in
+                                    ("recall_at_k", "ndcg_at_10", "cold_recall_at_k", "coverage_at_k"))) for m in methods)
 
 
 def catalogue_items(lake: Lake, items_uri: str, scores_uri: str) -> pl.DataFrame:

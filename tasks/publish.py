@@ -115,7 +115,7 @@ def publish(run: RunRef, stages: Stages, staged: Staged) -> Published:
                           "stage_seconds": record.stage_seconds})
     log.info("published %s: %d item scores, %d users in cache", run.run_id, stages.scored.rows_scored, staged.cache_entries)
     return Published(record, {**stages.validated.data_docs, **stages.checked.data_docs}, json.loads(record.stage_seconds),
-                     stages.encoded.shards, staged.cache_entries)
+                     stages.encoded.shards, staged.cache_entries, quality=stages.candidates.quality)
 
 
 @publish.on_rollback

@@ -53,6 +53,8 @@ def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, s
     create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {run.run_id}: summary and plots")
     create_table_artifact(timing_rows(published.stage_seconds), key=artifact_key("stage-timings"),
                           description=f"Run {run.run_id}: seconds per stage")
+    create_table_artifact(quality_rows(lake, stages), key=artifact_key("retrieval-metrics"),
+                          description=f"Run {run.run_id}: candidates on held-out interactions, per method (retrieval_metrics)")
     return uris
 
 
@@ -107,7 +109,26 @@ def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict
         "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.bucket_boundaries),
         "topic_score vs the previous run": draw.score_distributions(
             scores.get_column("topic_score").to_numpy(), previous[1] if previous else None, previous[0] if previous else None),
+        "Candidates on held-out interactions": _quality_plot(quality_rows(lake, stages), run.settings.top_k),
     }
+
+
+QUALITY_ORDER = ("popularity", "trending", "topic_trending", "cooccurrence", "als", "content", "content_new", "fused_rrf",
+                 "fused", "ranked_lightgbm", "ranked_mlp", "ranked")
+
+
+def quality_rows(lake: Lake, stages: Stages) -> list[dict[str, Any]]:
+    """Return the run's retrieval_metrics as one row per method (recall@K, NDCG@10, cold recall, coverage), in QUALITY_ORDER."""
+    metrics = lake.read_parquet(stages.candidates.metrics_uri, "retrieval_metrics").filter(pl.col("method") != "split")
+    wide = metrics.pivot(on="metric", index="method", values="value")
+    order = {m: i for i, m in enumerate(QUALITY_ORDER)}
+    rows = sorted(wide.iter_rows(named=True), key=lambda r: order.get(r["method"], len(order)))
+    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in rows]
+
+
+def _quality_plot(rows: list[dict[str, Any]], k: int) -> bytes:
+    methods = [r["method"] for r in rows]
+    return draw.retrieval_quality(methods, [r.get("recall_at_k") or 0.0 for r in rows], [r.get("ndcg_at_10") or 0.0 for r in rows], k)
 
 
 def save_plots(lake: Lake, run: RunRef, pngs: dict[str, bytes]) -> dict[str, str]:

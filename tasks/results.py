@@ -171,6 +171,17 @@ class Scored:
 
 
 @dataclass(frozen=True)
+class MethodQuality:
+    """One retrieval method's figures on the held-out interactions (a row group of retrieval_metrics)."""
+
+    method: str
+    recall_at_k: float | None
+    ndcg_at_10: float | None
+    cold_recall_at_k: float | None
+    coverage_at_k: float | None
+
+
+@dataclass(frozen=True)
 class Candidates:
     """user_candidates.parquet and the retrieval quality measured on held-out interactions."""
 
@@ -188,6 +199,7 @@ class Candidates:
     cold_recall_at_k: float | None = None
     ranker_kind: str = "none"
     ranker_version: str | None = None
+    quality: tuple[MethodQuality, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -294,6 +306,7 @@ class Published:
     shards: int
     cache_entries: int
     serving_features: int = 0
+    quality: tuple[MethodQuality, ...] = ()  # every retrieval method on the held-out interactions
 
     @property
     def run_id(self) -> str:
