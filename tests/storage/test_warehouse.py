@@ -248,9 +248,14 @@ def test_the_documented_queries_run(wh: Warehouse) -> None:
     publish(wh, "r2", date(2026, 11, 30), n=9)
     wh.record_run({**run_row("f3", date(2026, 12, 1)), "status": "failed"})
     wh.record_quarantine("f3", quarantine("f3", 2))
+    wh.record_metrics("r2", pa.table({"run_id": ["r2"] * 4, "method": ["fused", "popularity", "ranked", "fused"],
+                                      "metric": ["recall_at_k", "recall_at_k", "ndcg_at_10", "cold_recall_at_k"],
+                                      "value": [0.3, 0.2, 0.1, 0.25]}))
     results = [wh.query(sql.replace("RUN_A", "r1").replace("RUN_B", "r2")) for sql in doc_queries()]
-    assert len(results) == 5 and all(result.rows for result in results)
-    shares, overlap, reasons, per_status, _ = (result.records() for result in results)
+    assert len(results) == 6 and all(result.rows for result in results)
+    shares, overlap, reasons, per_status, _, quality = (result.records() for result in results)
+    assert [(q["run_id"], q["fused_recall"], q["popularity_recall"], q["ranked_ndcg"], q["cold_recall"]) for q in quality] == [
+        ("r2", 0.3, 0.2, 0.1, 0.25)]
     assert {(r["topic"], float(r["share"])) for r in shares if str(r["run_date"]) == "2026-11-30"} == {
         ("politics", 0.333), ("sports", 0.667)}
     assert overlap == [{"pairs_a": 4, "pairs_b": 4, "shared": 4, "jaccard": 1.0}]
