@@ -142,6 +142,9 @@ class Settings(BaseSettings):
     als_iterations: int = Field(15, ge=1, description="ALS: iterations.")
     trend_half_life_days: float = Field(7.0, gt=0, description="Trending: half-life of an interaction's count.")
     topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
+    fusion_quota_grid: list[float] = Field(
+        default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3], description="Fusion tuning: the shares of K tried as the quota "
+        "of new (interaction-less) items. Larger quotas find more new items and cost recall of the others (docs/tables.md).")
     fusion_cold_target: float = Field(
         0.3, ge=0, le=1, description="Fusion tuning: the smallest new-item quota whose validation cold recall reaches this.")
     ranker_rounds: int = Field(300, ge=1, description="LightGBM LambdaRank (first stage and stage two): boosting rounds.")

@@ -68,7 +68,7 @@ def candidate_config(settings: Settings) -> CandidateConfig:
         als=AlsParams(settings.als_factors, settings.als_regularization, settings.als_alpha, settings.als_confidence,
                       iterations=settings.als_iterations, seed=settings.seed),
         popularity=PopularityParams(settings.trend_half_life_days, settings.topic_smoothing),
-        grid=TuningGrid(cold_target=settings.fusion_cold_target),
+        grid=TuningGrid(new_quota=tuple(settings.fusion_quota_grid), cold_target=settings.fusion_cold_target),
         ranker=RankerParams(rounds=settings.ranker_rounds, learning_rate=settings.ranker_learning_rate,
                             leaves=settings.ranker_leaves, seed=settings.seed),
         user_chunk=settings.user_chunk, max_tune_users=settings.candidate_max_tune_users,
