@@ -21,11 +21,11 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.candidates import cpu_flags, print_metrics, run_stage  # noqa: E402
-from benchmarks.catalogues import latent_catalogue, scratch, text_embeddings  # noqa: E402
-from models.candidates import CandidateConfig  # noqa: E402
-from models.evaluation import METRICS  # noqa: E402
-from nightscore.demo_data import generate_demo_data  # noqa: E402
+from benchmarks.candidates import cpu_flags, print_metrics, run_stage
+from benchmarks.catalogues import latent_catalogue, scratch, text_embeddings
+from models.candidates import CandidateConfig
+from models.evaluation import METRICS
+from nightscore.demo_data import generate_demo_data
 
 
 def catalogue(spec: str, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -47,17 +47,22 @@ def mean_table(tables: list[pl.DataFrame]) -> pl.DataFrame:
 def verdict(table: pl.DataFrame) -> str:
     """Return the targets: fused vs popularity and vs the best single source, ranked NDCG, cold recall."""
     value = {(m, k): v for m, k, v in table.iter_rows()}
-    singles = [m for m in table["method"].unique().to_list()
-               if m not in ("fused", "fused_rrf", "split", "popularity") and not m.startswith("ranked")]
+    singles = [
+        m
+        for m in table["method"].unique().to_list()
+        if m not in ("fused", "fused_rrf", "split", "popularity") and not m.startswith("ranked")
+    ]
     best_recall = max(value[(m, "recall_at_k")] for m in singles)
     best_ndcg = max(value[(m, "ndcg_at_10")] for m in singles)
     fused_r, fused_n = value[("fused", "recall_at_k")], value[("fused", "ndcg_at_10")]
     cold = value.get(("fused", "cold_recall_at_k"), math.nan)
     first = "learned" if value[("fused", "recall_at_k")] != value[("fused_rrf", "recall_at_k")] else "RRF"
-    return (f"first stage {first}; fused recall / popularity {fused_r / value[('popularity', 'recall_at_k')]:.2f}x; "
-            f"fused recall / best single source {fused_r / best_recall:.2f}x; fused NDCG@10 / best single "
-            f"{fused_n / best_ndcg:.2f}x; ranked NDCG@10 / popularity "
-            f"{value[('ranked', 'ndcg_at_10')] / value[('popularity', 'ndcg_at_10')]:.2f}x; fused cold recall {cold:.3f}")
+    return (
+        f"first stage {first}; fused recall / popularity {fused_r / value[('popularity', 'recall_at_k')]:.2f}x; "
+        f"fused recall / best single source {fused_r / best_recall:.2f}x; fused NDCG@10 / best single "
+        f"{fused_n / best_ndcg:.2f}x; ranked NDCG@10 / popularity "
+        f"{value[('ranked', 'ndcg_at_10')] / value[('popularity', 'ndcg_at_10')]:.2f}x; fused cold recall {cold:.3f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,12 +31,12 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.catalogues import scratch, text_embeddings  # noqa: E402
-from models.candidates import CandidateConfig, Timings, candidate_chunks, evaluate, fit_final, tune  # noqa: E402
-from models.evaluation import METRICS, time_split  # noqa: E402
-from models.retrieval import ItemChunks  # noqa: E402
-from models.sources.base import encode_run  # noqa: E402
-from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data  # noqa: E402
+from benchmarks.catalogues import scratch, text_embeddings
+from models.candidates import CandidateConfig, Timings, candidate_chunks, evaluate, fit_final, tune
+from models.evaluation import METRICS, time_split
+from models.retrieval import ItemChunks
+from models.sources.base import encode_run
+from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
 
 log = logging.getLogger("bench")
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512vl", "amx_bf16", "amx_int8", "amx_tile", "fma")
@@ -96,8 +96,13 @@ def print_metrics(table: pl.DataFrame, title: str) -> None:
     print("split: " + ", ".join(f"{k} {int(v)}" for k, v in split.items()))
 
 
-def run_stage(items: pl.DataFrame, interactions: pl.DataFrame, chunks: ItemChunks | None, config: CandidateConfig,
-              phases: Phases | None = None) -> tuple[object, object, Timings, tuple[object, object]]:
+def run_stage(
+    items: pl.DataFrame,
+    interactions: pl.DataFrame,
+    chunks: ItemChunks | None,
+    config: CandidateConfig,
+    phases: Phases | None = None,
+) -> tuple[object, object, Timings, tuple[object, object]]:
     """Return (tuned, report, timings, (catalogue, log)) of tuning and held-out evaluation."""
     phases = phases or Phases()
     timings = Timings()
@@ -111,8 +116,16 @@ def run_stage(items: pl.DataFrame, interactions: pl.DataFrame, chunks: ItemChunk
     return tuned, report, timings, (catalogue, encoded)
 
 
-def final_pass(catalogue: object, encoded: object, chunks: ItemChunks | None, config: CandidateConfig, tuned: object,
-               report: object, n_users: int | None, phases: Phases) -> tuple[Timings, int, int]:
+def final_pass(
+    catalogue: object,
+    encoded: object,
+    chunks: ItemChunks | None,
+    config: CandidateConfig,
+    tuned: object,
+    report: object,
+    n_users: int | None,
+    phases: Phases,
+) -> tuple[Timings, int, int]:
     """Return (timings, users, candidate rows) of the fit on all interactions and every chunk's candidates."""
     timings = Timings()
     final = fit_final(catalogue, encoded, chunks, config, DEMO_BASE_TIME, tuned, report.scorer, timings)  # type: ignore[arg-type, attr-defined]
@@ -129,7 +142,7 @@ def final_pass(catalogue: object, encoded: object, chunks: ItemChunks | None, co
 def print_sources(timings: Timings, users: int) -> None:
     """Print per source its fit and recommend seconds in the final pass and users/s."""
     print(f"\n{'source':16s} {'fit s':>8s} {'recommend s':>12s} {'users/s':>10s}")
-    names = sorted({k.split('.')[0] for k in timings.seconds if "." in k})
+    names = sorted({k.split(".")[0] for k in timings.seconds if "." in k})
     for name in names:
         fit, rec = timings.seconds.get(f"{name}.fit", 0.0), timings.seconds.get(f"{name}.recommend", 0.0)
         print(f"{name:16s} {fit:8.1f} {rec:12.1f} {users / rec if rec else math.nan:10.0f}")
@@ -159,8 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     phases = Phases()
     items, interactions = generate_demo_data(args.items, args.users, args.seed, median_interactions=args.median)
     phases.done(f"generate ({interactions.height} interactions)")
-    config = CandidateConfig(user_chunk=args.user_chunk, content_chunk=args.user_chunk, max_tune_users=args.tune_users,
-                             max_eval_users=args.eval_users, seed=args.seed)
+    config = CandidateConfig(
+        user_chunk=args.user_chunk,
+        content_chunk=args.user_chunk,
+        max_tune_users=args.tune_users,
+        max_eval_users=args.eval_users,
+        seed=args.seed,
+    )
     config = replace(config, cooccurrence=replace(config.cooccurrence, score_chunk=min(2048, args.user_chunk)))
     with scratch() as folder:
         chunks = text_embeddings(items.select("item_id", "title", "body"), args.dim, Path(folder))
@@ -169,16 +187,27 @@ def main(argv: list[str] | None = None) -> int:
         tuned, report, eval_timings, (catalogue, encoded) = run_stage(items, interactions, chunks, config, phases)
         del interactions
         timings, users, rows = final_pass(catalogue, encoded, chunks, config, tuned, report, args.final_users, phases)
-    print(f"\n{args.items} items x {args.users} users x {encoded.user_rows.size} interactions (after the join), "  # type: ignore[attr-defined]
-          f"K={config.k}, dim {args.dim}, user chunk {args.user_chunk}")
+    print(
+        f"\n{args.items} items x {args.users} users x {encoded.user_rows.size} interactions (after the join), "  # type: ignore[attr-defined]
+        f"K={config.k}, dim {args.dim}, user chunk {args.user_chunk}"
+    )
     print(f"CPU: {cpu_flags()}")
     phases.print()
     print_sources(timings, users)
     print(f"published {rows} candidate rows for {users} users; fusion {tuned.fusion}")  # type: ignore[attr-defined]
     print_metrics(report.metrics, f"held-out metrics (ranker kind chosen: {report.chosen})")  # type: ignore[attr-defined]
     if args.json:
-        args.json.write_text(json.dumps({"phases": phases.rows, "final": timings.seconds, "evaluation": eval_timings.seconds,
-                                         "metrics": report.metrics.to_dicts()}, indent=2))  # type: ignore[attr-defined]
+        args.json.write_text(
+            json.dumps(
+                {
+                    "phases": phases.rows,
+                    "final": timings.seconds,
+                    "evaluation": eval_timings.seconds,
+                    "metrics": report.metrics.to_dicts(),  # type: ignore[attr-defined]
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

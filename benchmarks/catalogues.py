@@ -14,6 +14,7 @@ text (from the topic) says something about taste, as a real catalogue's descript
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,10 @@ def _hashed_counts(items: pl.DataFrame, dim: int) -> pl.DataFrame:
 
 def text_embeddings(items: pl.DataFrame, dim: int, folder: Path, chunk: int = 65_536, block: int = 16_384) -> ItemChunks:
     """Return the items' TF-IDF vectors as ItemChunks over a file in folder (two passes over the texts)."""
-    parts = [_hashed_counts(items.slice(start, chunk), dim).with_columns(pl.col("row") + start)
-             for start in range(0, items.height, chunk)]
+    parts = [
+        _hashed_counts(items.slice(start, chunk), dim).with_columns(pl.col("row") + start)
+        for start in range(0, items.height, chunk)
+    ]
     counts = pl.concat(parts)
     df = np.bincount(counts["bucket"].to_numpy(), minlength=dim)
     idf = (np.log((1.0 + items.height) / (1.0 + df)) + 1.0).astype(np.float32)
@@ -56,7 +59,8 @@ def text_embeddings(items: pl.DataFrame, dim: int, folder: Path, chunk: int = 65
 
 def file_chunks(path: Path, n_items: int, dim: int, block: int) -> ItemChunks:
     """Return ItemChunks reading a float32 (n_items, dim) file block by block (read, not mapped)."""
-    def read():
+
+    def read() -> Iterator[np.ndarray]:
         with path.open("rb") as handle:
             for start in range(0, n_items, block):
                 rows = min(block, n_items - start)
@@ -70,8 +74,9 @@ def scratch() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="nightscore-candidates-")
 
 
-def latent_catalogue(n_items: int, n_users: int, seed: int = 0, factors: int = 16, span_days: int = 120,
-                     median: float = 20.0) -> tuple[pl.DataFrame, pl.DataFrame]:
+def latent_catalogue(
+    n_items: int, n_users: int, seed: int = 0, factors: int = 16, span_days: int = 120, median: float = 20.0
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (items, interactions) of the latent-taste catalogue (see the module docstring)."""
     rng = np.random.default_rng([seed, 99])
     item_vec = rng.standard_normal((n_items, factors)).astype(np.float32)
@@ -79,15 +84,21 @@ def latent_catalogue(n_items: int, n_users: int, seed: int = 0, factors: int = 1
     topic_idx = np.argmax(item_vec[:, : len(topics())], axis=1)
     created = _epoch_us(DEMO_BASE_TIME) - rng.integers(0, span_days * 86_400, n_items) * 1_000_000
     created[rng.random(n_items) < 0.5] -= 365 * 86_400 * 1_000_000  # half the catalogue predates the log
-    items = pl.DataFrame({"item_id": [f"item-{i:06d}" for i in range(1, n_items + 1)],
-                          "title": _titles(rng, topic_idx), "body": _bodies(rng, topic_idx),
-                          "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
-                          "topic": np.array(topics())[topic_idx].tolist()})
+    items = pl.DataFrame(
+        {
+            "item_id": [f"item-{i:06d}" for i in range(1, n_items + 1)],
+            "title": _titles(rng, topic_idx),
+            "body": _bodies(rng, topic_idx),
+            "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
+            "topic": np.array(topics())[topic_idx].tolist(),
+        }
+    )
     return items, _latent_interactions(rng, item_vec, appeal, created, n_users, median)
 
 
-def _latent_interactions(rng: np.random.Generator, item_vec: np.ndarray, appeal: np.ndarray, created: np.ndarray,
-                         n_users: int, median: float) -> pl.DataFrame:
+def _latent_interactions(
+    rng: np.random.Generator, item_vec: np.ndarray, appeal: np.ndarray, created: np.ndarray, n_users: int, median: float
+) -> pl.DataFrame:
     """Return interactions drawn by Gumbel-top-n of taste . item + appeal, each after its item's creation."""
     user_vec = rng.standard_normal((n_users, item_vec.shape[1])).astype(np.float32) * 0.6
     counts = np.clip(np.rint(rng.lognormal(np.log(median), 0.9, n_users)), 1, 500).astype(np.int64)
@@ -101,10 +112,16 @@ def _latent_interactions(rng: np.random.Generator, item_vec: np.ndarray, appeal:
             chosen = order[u, : counts[lo + u]]
             first = np.maximum(created[chosen], start)
             ts = first + (rng.random(len(chosen)) * (_epoch_us(DEMO_BASE_TIME) - first)).astype(np.int64)
-            users.append(np.full(len(chosen), lo + u)), picks.append(chosen), times.append(ts // 1_000_000 * 1_000_000)
+            users.append(np.full(len(chosen), lo + u))
+            picks.append(chosen)
+            times.append(ts // 1_000_000 * 1_000_000)
     user, item, ts = np.concatenate(users), np.concatenate(picks), np.concatenate(times)
     events = rng.choice(len(EVENTS), size=len(user), p=EVENT_PROBS)
-    return pl.DataFrame({"user_id": [f"user-{u + 1:05d}" for u in user], "item_id": [f"item-{i + 1:06d}" for i in item],
-                         "event": np.array(EVENTS)[events].tolist(),
-                         "ts": pl.Series(ts).cast(pl.Datetime("us", "UTC"))}).sort("user_id", "ts")
-
+    return pl.DataFrame(
+        {
+            "user_id": [f"user-{u + 1:05d}" for u in user],
+            "item_id": [f"item-{i + 1:06d}" for i in item],
+            "event": np.array(EVENTS)[events].tolist(),
+            "ts": pl.Series(ts).cast(pl.Datetime("us", "UTC")),
+        }
+    ).sort("user_id", "ts")

@@ -31,17 +31,34 @@ WORKER_SHARD = re.compile(r"\(encode-shard pid=(\d+)\).*? shard (\d+): \d+ texts
 def demo_inputs(folder: Path, items: int, users: int) -> Path:
     """Write demo inputs with the CLI (items.parquet, interactions.parquet) and return the folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run([CLI, "demo-data", "--out", str(folder), "--items", str(items), "--users", str(users),
-                    "--home", str(folder / "home")], check=True)
+    subprocess.run(
+        [CLI, "demo-data", "--out", str(folder), "--items", str(items), "--users", str(users), "--home", str(folder / "home")],
+        check=True,
+    )
     return folder
 
 
 def run_nightly(home: Path, inputs: Path, **env: str) -> str:
     """Run `nightscore run nightly` on the inputs; return its output (raise with its tail when it fails)."""
     full = {**os.environ, **env}
-    done = subprocess.run([CLI, "run", "nightly", "--items", str(inputs / "items.parquet"), "--interactions",
-                           str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
-                          env=full, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            CLI,
+            "run",
+            "nightly",
+            "--items",
+            str(inputs / "items.parquet"),
+            "--interactions",
+            str(inputs / "interactions.parquet"),
+            "--run-date",
+            RUN_DATE,
+            "--home",
+            str(home),
+        ],
+        env=full,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"nightly run failed (rc {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
     return done.stdout + done.stderr
@@ -55,8 +72,10 @@ def figures(log: str, items: int) -> str:
     status, wall, device = found.group(1), float(found.group(2)), found.group(3)
     stages = STAGES.search(log)
     per_million = wall / 3600 * 1_000_000 / max(items, 1)
-    return (f"nightly: {items} items {status} in {wall:.1f}s on {device}; {per_million:.3f} device-hours per 1M items; "
-            f"stages (s): {stages.group(1) if stages else '?'}")
+    return (
+        f"nightly: {items} items {status} in {wall:.1f}s on {device}; {per_million:.3f} device-hours per 1M items; "
+        f"stages (s): {stages.group(1) if stages else '?'}"
+    )
 
 
 def published(home: Path) -> tuple[list[tuple], list[tuple]]:
@@ -91,7 +110,9 @@ def ray_check(items: int, work: Path) -> str:
     (work / "prefect").mkdir(parents=True, exist_ok=True)
     with servers.prefect_server(work / "prefect") as api:
         local_log = run_nightly(work / "local", inputs, PREFECT_API_URL=api, **small)
-        ray_log = run_nightly(work / "ray", inputs, PREFECT_API_URL=api, NIGHTSCORE_TASK_RUNNER="ray", RAY_DEDUP_LOGS="0", **small)
+        ray_log = run_nightly(
+            work / "ray", inputs, PREFECT_API_URL=api, NIGHTSCORE_TASK_RUNNER="ray", RAY_DEDUP_LOGS="0", **small
+        )
     local, on_ray = published(work / "local"), published(work / "ray")
     a = np.array([row[3] for row in local[0]], dtype=np.float32)
     b = np.array([row[3] for row in on_ray[0]], dtype=np.float32)
@@ -102,9 +123,11 @@ def ray_check(items: int, work: Path) -> str:
     device = "cuda (num_gpus=1 per shard task)" if os.environ.get("NIGHTSCORE_DEVICE") == "cuda" else "cpu"
     print(local_log[-1500:], ray_log[-3000:], sep="\n---\n")
     verdict = "EQUAL" if same and diff <= 1e-5 and on_workers > 0 and "task runner: ray" in ray_log else "DIFFERENT"
-    return (f"ray check: {verdict}: {len(on_ray[0])} items, max |embedding delta| {diff:.2e}, topics and candidates "
-            f"{'equal' if same else 'differ'}; {on_workers} shards encoded in Ray workers on {device}; "
-            f"both runs {time.perf_counter() - started:.0f}s")
+    return (
+        f"ray check: {verdict}: {len(on_ray[0])} items, max |embedding delta| {diff:.2e}, topics and candidates "
+        f"{'equal' if same else 'differ'}; {on_workers} shards encoded in Ray workers on {device}; "
+        f"both runs {time.perf_counter() - started:.0f}s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

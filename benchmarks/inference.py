@@ -21,20 +21,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.backends.registry import BACKENDS, unavailable_reason  # noqa: E402
-from models.calibration import CPU_FLAGS  # noqa: E402
-from models.encoder import EncoderSpec, TextEncoder, configure_threads, load_encoder, model_dir, resolve_device  # noqa: E402
-from models.engine import encode_texts  # noqa: E402
-from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for  # noqa: E402
+from models.backends.registry import BACKENDS, unavailable_reason
+from models.calibration import CPU_FLAGS
+from models.encoder import EncoderSpec, TextEncoder, configure_threads, load_encoder, model_dir, resolve_device
+from models.engine import encode_texts
+from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for
 
 log = logging.getLogger("bench")
 ALL_MODES = ["naive", "sentence_transformers", "st_torch_bf16", "st_env", "ray_data", "engine_modes", "engine", "ceiling"]
@@ -158,8 +158,15 @@ def run_naive(encoder: TextEncoder, texts: list[str]) -> Result:
 def run_engine(encoder: TextEncoder, texts: list[str]) -> Result:
     """The engine in the encoder's mode (its own token budget and length multiple)."""
     vectors, stats = encode_texts(encoder, texts)
-    return Result(stats.seconds, stats.texts, stats.real_tokens, stats.padded_tokens, vectors,
-                  precision=encoder.backend.precision, extra={"batches": stats.batches})
+    return Result(
+        stats.seconds,
+        stats.texts,
+        stats.real_tokens,
+        stats.padded_tokens,
+        vectors,
+        precision=encoder.backend.precision,
+        extra={"batches": stats.batches},
+    )
 
 
 def run_ceiling(encoder: TextEncoder, texts: list[str]) -> Result:
@@ -185,8 +192,9 @@ def st_padded(texts: list[str], lengths: np.ndarray, batch_size: int) -> int:
     return int(sum(len(b) * int(lengths[b].max()) for b in np.array_split(order, range(batch_size, len(order), batch_size))))
 
 
-def make_st_torch(path: Path, device: torch.device, lengths: np.ndarray, dtype: torch.dtype | None,
-                  batch_sizes: list[int]) -> Callable[[list[str]], Result]:
+def make_st_torch(
+    path: Path, device: torch.device, lengths: np.ndarray, dtype: torch.dtype | None, batch_sizes: list[int]
+) -> Callable[[list[str]], Result]:
     """Return a runner of SentenceTransformer.encode (torch; dtype bf16/fp16 casts the weights) at its best batch size."""
     from sentence_transformers import SentenceTransformer
 
@@ -199,8 +207,13 @@ def make_st_torch(path: Path, device: torch.device, lengths: np.ndarray, dtype: 
         started = time.perf_counter()
         vectors = model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         _sync(device)
-        return Result(time.perf_counter() - started, len(texts), int(lengths[: len(texts)].sum()),
-                      st_padded(texts, lengths[: len(texts)], batch), vectors.astype(np.float32))
+        return Result(
+            time.perf_counter() - started,
+            len(texts),
+            int(lengths[: len(texts)].sum()),
+            st_padded(texts, lengths[: len(texts)], batch),
+            vectors.astype(np.float32),
+        )
 
     def run(texts: list[str]) -> Result:
         if len(batch_sizes) > 1 and len(texts) == len(lengths) and "searched" not in chosen:
@@ -248,24 +261,34 @@ def make_ray_data(threads: int, path: str) -> tuple[Callable[[list[str]], Result
                 hidden = self.model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).float()
                 pooled = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1)
-            return {"embedding": pooled.numpy(), "tokens": enc["attention_mask"].sum(1).numpy(),
-                    "padded": np.full(len(pooled), enc["attention_mask"].shape[1])}
+            return {
+                "embedding": pooled.numpy(),
+                "tokens": enc["attention_mask"].sum(1).numpy(),
+                "padded": np.full(len(pooled), enc["attention_mask"].shape[1]),
+            }
 
     def run(texts: list[str]) -> Result:
-        ds = ray.data.from_items([{"text": t} for t in texts]).map_batches(Embedder, batch_size=32, concurrency=1, batch_format="numpy")
+        ds = ray.data.from_items([{"text": t} for t in texts]).map_batches(
+            Embedder, batch_size=32, concurrency=1, batch_format="numpy"
+        )
         first_at, count, real, padded = None, 0, 0, 0
         for batch in ds.iter_batches(batch_size=32, batch_format="numpy"):
             if first_at is None:
                 first_at = time.perf_counter()
                 continue
-            count, real, padded = count + len(batch["tokens"]), real + int(batch["tokens"].sum()), padded + int(batch["padded"].sum())
+            count, real, padded = (
+                count + len(batch["tokens"]),
+                real + int(batch["tokens"].sum()),
+                padded + int(batch["padded"].sum()),
+            )
         return Result(time.perf_counter() - (first_at or time.perf_counter()), count, real, padded, None)
 
     return run, startup
 
 
-def engine_encoders(args: argparse.Namespace, device: torch.device, threads: int, budget: int,
-                    cache: str) -> tuple[dict[str, TextEncoder], dict[str, str]]:
+def engine_encoders(
+    args: argparse.Namespace, device: torch.device, threads: int, budget: int, cache: str
+) -> tuple[dict[str, TextEncoder], dict[str, str]]:
     """Return (row -> pinned engine encoder, row -> skip/refusal note) for every backend x precision here."""
     precisions = ("bf16", "fp16", "fp32") if device.type == "cuda" else ("fp32", "bf16", "int8")
     encoders, notes = {}, {}
@@ -276,8 +299,15 @@ def engine_encoders(args: argparse.Namespace, device: torch.device, threads: int
             if reason:
                 notes[row] = f"skipped: {reason}"
                 continue
-            spec = EncoderSpec(device=str(device), precision=precision, backend=backend, num_threads=threads,
-                               model_path=args.model_dir, cache_dir=cache, token_budget=budget)
+            spec = EncoderSpec(
+                device=str(device),
+                precision=precision,
+                backend=backend,
+                num_threads=threads,
+                model_path=args.model_dir,
+                cache_dir=cache,
+                token_budget=budget,
+            )
             try:
                 encoders[row] = load_encoder(spec)
             except FidelityRefused as exc:
@@ -314,15 +344,35 @@ class StEnv:
     def __init__(self, args: argparse.Namespace, texts: list[str], lengths: np.ndarray, threads: int, folder: Path) -> None:
         python = args.st_python
         if python == "auto":
-            python = subprocess.run(["bash", str(ROOT / "benchmarks" / "st_env.sh")], check=True, capture_output=True,
-                                    text=True).stdout.strip().splitlines()[-1]
+            python = (
+                subprocess.run(["bash", str(ROOT / "benchmarks" / "st_env.sh")], check=True, capture_output=True, text=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
         (folder / "texts.json").write_text(json.dumps(texts))
         self.lengths, self.log = lengths, (folder / "st_rows.log").open("w")
         self.proc = subprocess.Popen(
-            [python, str(ROOT / "benchmarks" / "st_rows.py"), "--serve", "--model", str(model_dir(args.model_dir)),
-             "--texts", str(folder / "texts.json"), "--out", str(folder / "out"), "--threads", str(threads),
-             "--batch-sizes", args.st_batch_sizes.split(",")[0]],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+            [
+                python,
+                str(ROOT / "benchmarks" / "st_rows.py"),
+                "--serve",
+                "--model",
+                str(model_dir(args.model_dir)),
+                "--texts",
+                str(folder / "texts.json"),
+                "--out",
+                str(folder / "out"),
+                "--threads",
+                str(threads),
+                "--batch-sizes",
+                args.st_batch_sizes.split(",")[0],
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            bufsize=1,
+        )
         self.ready = self._answer()
         v = self.ready["versions"]
         self.note = f"own venv: ST {v['sentence_transformers']}, transformers {v['transformers']}, optimum {v['optimum']}"
@@ -336,15 +386,23 @@ class StEnv:
 
     def runner(self, row: str) -> Callable[[list[str]], Result]:
         """Return a runner that asks the process for one timed pass of row over the first len(texts) texts."""
+
         def run(texts: list[str]) -> Result:
             assert self.proc.stdin is not None
             self.proc.stdin.write(f"{row} {len(texts)}\n")
             answer = self._answer()
             vectors = np.load(answer["npy"])
             n = len(texts)
-            return Result(answer["seconds"], n, int(self.lengths[:n].sum()),
-                          st_padded(texts, self.lengths[:n], int(self.ready["batch_size"])), vectors,
-                          precision="int8" if "int8" in row else "float", note=f"{self.note}, batch {self.ready['batch_size']}")
+            return Result(
+                answer["seconds"],
+                n,
+                int(self.lengths[:n].sum()),
+                st_padded(texts, self.lengths[:n], int(self.ready["batch_size"])),
+                vectors,
+                precision="int8" if "int8" in row else "float",
+                note=f"{self.note}, batch {self.ready['batch_size']}",
+            )
+
         return run
 
     def close(self) -> None:
@@ -365,8 +423,10 @@ def add_fidelity(results: dict[str, Result], reference: np.ndarray) -> None:
 
 def render(results: dict[str, Result], corpus_flops: float, corpus_tokens: int, mm: float) -> str:
     """Return the side-by-side table of every mode."""
-    head = (f"{'mode':<26}{'texts/s':>9}{'real tok/s':>11}{'pad eff':>8}{'cos min':>9}{'cos p1':>9}{'cos mean':>10}"
-            f"{'GFLOP/s':>9}{'% mm':>7}  note")
+    head = (
+        f"{'mode':<26}{'texts/s':>9}{'real tok/s':>11}{'pad eff':>8}{'cos min':>9}{'cos p1':>9}{'cos mean':>10}"
+        f"{'GFLOP/s':>9}{'% mm':>7}  note"
+    )
     lines = [head, "-" * len(head)]
     for mode, r in results.items():
         if r.seconds <= 0:
@@ -375,15 +435,23 @@ def render(results: dict[str, Result], corpus_flops: float, corpus_tokens: int, 
         gflops = corpus_flops * r.real_tokens / corpus_tokens / r.seconds / 1e9
         fid = r.fidelity
         cos = f"{fid.min:>9.5f}{fid.p1:>9.5f}{fid.mean:>10.6f}" if fid else f"{'-':>9}{'-':>9}{'-':>10}"
-        lines.append(f"{mode:<26}{r.texts / r.seconds:>9.1f}{r.tokens_per_s:>11.0f}{r.real_tokens / max(r.padded_tokens, 1):>8.3f}"
-                     f"{cos}{gflops:>9.1f}{100 * gflops / mm:>6.1f}%  {r.note}")
+        lines.append(
+            f"{mode:<26}{r.texts / r.seconds:>9.1f}{r.tokens_per_s:>11.0f}{r.real_tokens / max(r.padded_tokens, 1):>8.3f}"
+            f"{cos}{gflops:>9.1f}{100 * gflops / mm:>6.1f}%  {r.note}"
+        )
     return "\n".join(lines)
 
 
 def st_best(results: dict[str, Result], floor: float) -> str | None:
     """Return the fastest sentence-transformers row whose min cosine to torch fp32 meets floor."""
-    rows = [m for m, r in results.items() if (m.startswith("st_") or m == "sentence_transformers") and r.seconds > 0
-            and r.fidelity is not None and r.fidelity.min >= floor]
+    rows = [
+        m
+        for m, r in results.items()
+        if (m.startswith("st_") or m == "sentence_transformers")
+        and r.seconds > 0
+        and r.fidelity is not None
+        and r.fidelity.min >= floor
+    ]
     return max(rows, key=lambda m: results[m].tokens_per_s) if rows else None
 
 
@@ -393,12 +461,16 @@ def target_lines(results: dict[str, Result], floor: float, best: str | None) -> 
     if e is None or e.seconds <= 0:
         return []
     pad = e.real_tokens / max(e.padded_tokens, 1)
-    checks = [(f"engine(auto) / sentence_transformers_best [{best}] at floor {floor}", best, 1.5),
-              ("engine(auto) / ceiling (packed, same mode)", "ceiling", 0.9), ("engine(auto) / naive", "naive", 4.0)]
+    checks = [
+        (f"engine(auto) / sentence_transformers_best [{best}] at floor {floor}", best, 1.5),
+        ("engine(auto) / ceiling (packed, same mode)", "ceiling", 0.9),
+        ("engine(auto) / naive", "naive", 4.0),
+    ]
     same = {"fp32": "sentence_transformers", "bf16": "st_torch_bf16", "fp16": "st_torch_fp16", "int8": "st_onnx_int8"}
     if e.precision in same:
-        checks.insert(1, (f"engine(auto) / sentence-transformers in the same precision [{same[e.precision]}]",
-                          same[e.precision], 1.5))
+        checks.insert(
+            1, (f"engine(auto) / sentence-transformers in the same precision [{same[e.precision]}]", same[e.precision], 1.5)
+        )
     lines = []
     for label, other, goal in checks:
         if other in results and results[other].seconds > 0:
@@ -422,13 +494,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=None, help="engine conversions/calibration (default: a fresh temp folder)")
     parser.add_argument("--st-python", default="auto", help="python of the ST venv (auto: benchmarks/st_env.sh builds it)")
     parser.add_argument("--calibration-budgets", default=None, help="token budgets auto tries (default: the device's)")
-    parser.add_argument("--st-batch-sizes", default=None, help="ST batch sizes tried in order (default 32 on CPU; "
-                        "32..1024 on CUDA: raised until it stops getting faster)")
+    parser.add_argument(
+        "--st-batch-sizes",
+        default=None,
+        help="ST batch sizes tried in order (default 32 on CPU; 32..1024 on CUDA: raised until it stops getting faster)",
+    )
     return parser.parse_args(argv)
 
 
-def build_runners(args: argparse.Namespace, reference: TextEncoder, auto: TextEncoder, pinned: dict[str, TextEncoder],
-                  lengths: np.ndarray, threads: int, st_env: StEnv | None) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
+def build_runners(
+    args: argparse.Namespace,
+    reference: TextEncoder,
+    auto: TextEncoder,
+    pinned: dict[str, TextEncoder],
+    lengths: np.ndarray,
+    threads: int,
+    st_env: StEnv | None,
+) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
     """Return (mode -> runner, mode -> note) for the modes asked for, in table order."""
     modes, notes = args.modes.split(","), {}
     runners: dict[str, Callable[[list[str]], Result]] = {}
@@ -438,7 +520,9 @@ def build_runners(args: argparse.Namespace, reference: TextEncoder, auto: TextEn
         runners["naive"] = lambda t: run_naive(reference, t)
     if "sentence_transformers" in modes:
         runners["sentence_transformers"] = make_st_torch(path, reference.device, lengths, None, sizes)
-    if "st_torch_bf16" in modes and (reference.device.type == "cuda" or unavailable_reason("torch", "bf16", reference.device) is None):
+    if "st_torch_bf16" in modes and (
+        reference.device.type == "cuda" or unavailable_reason("torch", "bf16", reference.device) is None
+    ):
         runners["st_torch_bf16"] = make_st_torch(path, reference.device, lengths, torch.bfloat16, sizes)
     if "st_torch_bf16" in modes and reference.device.type == "cuda":
         runners["st_torch_fp16"] = make_st_torch(path, reference.device, lengths, torch.float16, sizes)
@@ -479,13 +563,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         cache = args.cache_dir or tmp
         budgets = tuple(int(b) for b in args.calibration_budgets.split(",")) if args.calibration_budgets else None
-        base = EncoderSpec(device=str(device), num_threads=threads, model_path=args.model_dir, cache_dir=cache,
-                           calibration_budgets=budgets)
-        reference = load_encoder(EncoderSpec(device=str(device), precision="fp32", backend="torch", num_threads=threads,
-                                             model_path=args.model_dir))
+        base = EncoderSpec(
+            device=str(device), num_threads=threads, model_path=args.model_dir, cache_dir=cache, calibration_budgets=budgets
+        )
+        reference = load_encoder(
+            EncoderSpec(device=str(device), precision="fp32", backend="torch", num_threads=threads, model_path=args.model_dir)
+        )
         auto = load_encoder(base)
-        pinned, pinned_notes = engine_encoders(args, device, threads, auto.token_budget, cache) \
-            if "engine_modes" in args.modes.split(",") else ({}, {})
+        pinned, pinned_notes = (
+            engine_encoders(args, device, threads, auto.token_budget, cache)
+            if "engine_modes" in args.modes.split(",")
+            else ({}, {})
+        )
         ids, _ = reference.tokenize(texts)
         lengths = np.array([len(x) for x in ids])
         use_st_env = "st_env" in args.modes.split(",") and device.type == "cpu" and args.st_python != "none"
@@ -502,28 +591,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, results: dict[str, Result], notes: dict[str, str], reference: TextEncoder,
-           auto: TextEncoder, texts: list[str], lengths: np.ndarray, device: torch.device, threads: int) -> None:
+def report(
+    args: argparse.Namespace,
+    results: dict[str, Result],
+    notes: dict[str, str],
+    reference: TextEncoder,
+    auto: TextEncoder,
+    texts: list[str],
+    lengths: np.ndarray,
+    device: torch.device,
+    threads: int,
+) -> None:
     """Print the header, the table, calibration and targets; write the JSON when asked."""
     for mode, note in notes.items():
         results.setdefault(mode, Result(0.0, 0, 0, 0))
         results[mode].note = (results[mode].note + "; " if results[mode].note else "") + note
     ref = results.get("engine[torch/fp32]", results.get("naive"))
-    add_fidelity(results, ref.embeddings if ref is not None and ref.embeddings is not None else run_engine(reference, texts).embeddings)
+    add_fidelity(
+        results, ref.embeddings if ref is not None and ref.embeddings is not None else run_engine(reference, texts).embeddings
+    )
     ordered = {m: results[m] for m in [*sorted(results, key=_row_order)]}
     mm = matmul_gflops(device, n=8192, dtype=torch.bfloat16) if device.type == "cuda" else matmul_gflops(device)
     floor = floor_for(auto.backend.precision, DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR)
     best = st_best(results, floor)
     print(cpu_flags())
-    print(f"{len(texts)} texts, {int(lengths.sum())} real tokens (median {int(np.median(lengths))}, p90 "
-          f"{int(np.percentile(lengths, 90))}), device {device}, {threads} threads, torch {torch.__version__}, "
-          f"{args.repeats} interleaved passes, median kept; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"{len(texts)} texts, {int(lengths.sum())} real tokens (median {int(np.median(lengths))}, p90 "
+        f"{int(np.percentile(lengths, 90))}), device {device}, {threads} threads, torch {torch.__version__}, "
+        f"{args.repeats} interleaved passes, median kept; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     yardstick = "bf16 torch.mm 8192^3" if device.type == "cuda" else "fp32 torch.mm 2048^3"
     print(f"dense {yardstick}: {mm:.1f} GFLOP/s; fidelity = cosine to the engine's torch fp32 (= sentence-transformers fp32)")
     if device.type == "cpu" and unavailable_reason("torch", "bf16", device) is None:
         _, width, ffn = model_shape(model_dir(args.model_dir))
-        print(f"bf16 GEMM on the encoder's FFN shape (2048x{width}x{ffn}, torch/oneDNN): "
-              f"{gemm_gflops(2048, width, ffn, torch.bfloat16):.1f} GFLOP/s (the compute bound of every bf16 row)")
+        print(
+            f"bf16 GEMM on the encoder's FFN shape (2048x{width}x{ffn}, torch/oneDNN): "
+            f"{gemm_gflops(2048, width, ffn, torch.bfloat16):.1f} GFLOP/s (the compute bound of every bf16 row)"
+        )
     cal = auto.calibration
     if cal is not None:
         print(f"auto chose {cal.mode.label} (min cos {cal.fidelity.min:.5f}) in {cal.seconds:.1f}s of calibration (apart):")
@@ -545,12 +649,21 @@ def _row_order(mode: str) -> tuple[int, str]:
     return (len(order) + 1 if mode.startswith("engine[") else len(order) + 2 if mode == "engine" else len(order) + 3), mode
 
 
-def _write_json(path: Path, results: dict[str, Result], best: str | None, floor: float, auto: TextEncoder,
-                targets: list[str]) -> None:
-    rows = {m: {"texts_per_s": r.texts / r.seconds, "real_tok_per_s": r.tokens_per_s,
-                "padding_eff": r.real_tokens / max(r.padded_tokens, 1), "passes_s": r.passes, "note": r.note,
-                "fidelity": r.fidelity.as_dict() if r.fidelity else None}
-            for m, r in results.items() if r.seconds > 0}
+def _write_json(
+    path: Path, results: dict[str, Result], best: str | None, floor: float, auto: TextEncoder, targets: list[str]
+) -> None:
+    rows = {
+        m: {
+            "texts_per_s": r.texts / r.seconds,
+            "real_tok_per_s": r.tokens_per_s,
+            "padding_eff": r.real_tokens / max(r.padded_tokens, 1),
+            "passes_s": r.passes,
+            "note": r.note,
+            "fidelity": r.fidelity.as_dict() if r.fidelity else None,
+        }
+        for m, r in results.items()
+        if r.seconds > 0
+    }
     if best:
         rows["sentence_transformers_best"] = {**rows[best], "row": best, "floor": floor}
     rows["_meta"] = {"cpu": cpu_flags(), "auto": auto.mode_record(), "targets": targets}

@@ -44,7 +44,10 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nightscore.demo_data import COMMON_WORDS, TOPIC_WORDS  # noqa: E402
+import functools
+import operator
+
+from nightscore.demo_data import COMMON_WORDS, TOPIC_WORDS
 
 log = logging.getLogger("bench")
 RUN_DATE = "2026-11-01"
@@ -73,7 +76,8 @@ def _words(rng: np.random.Generator, topic: np.ndarray, n_words: int) -> pl.Seri
     vocab = [w.split() for w in TOPIC_WORDS.values()]
     sizes = np.array([len(v) for v in vocab])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    flat, common = np.array(sum(vocab, [])), np.array(COMMON_WORDS.split())
+    words: list[str] = functools.reduce(operator.iadd, vocab, [])
+    flat, common = np.array(words), np.array(COMMON_WORDS.split())
     cols = []
     for n in range(n_words):
         topical = flat[offsets[topic] + rng.integers(0, 1 << 30, topic.size) % sizes[topic]]
@@ -87,12 +91,14 @@ def synthetic_items(n_items: int, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng([seed, 0])
     topic = rng.integers(0, len(TOPIC_WORDS), n_items)
     created = BASE_US - rng.integers(100 * DAY_US, 300 * DAY_US, n_items) // 1_000_000 * 1_000_000
-    return pl.DataFrame({
-        "item_id": pl.int_range(1, n_items + 1, eager=True).cast(pl.String).str.zfill(7).str.replace(r"^", "item-"),
-        "title": _words(rng, topic, TITLE_WORDS).str.to_titlecase(),
-        "body": _words(rng, topic, BODY_WORDS) + ".",
-        "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
-    })
+    return pl.DataFrame(
+        {
+            "item_id": pl.int_range(1, n_items + 1, eager=True).cast(pl.String).str.zfill(7).str.replace(r"^", "item-"),
+            "title": _words(rng, topic, TITLE_WORDS).str.to_titlecase(),
+            "body": _words(rng, topic, BODY_WORDS) + ".",
+            "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
+        }
+    )
 
 
 def synthetic_interactions(n_items: int, n_users: int, seed: int = 0) -> pl.DataFrame:
@@ -102,12 +108,14 @@ def synthetic_interactions(n_items: int, n_users: int, seed: int = 0) -> pl.Data
     user = np.repeat(np.arange(1, n_users + 1), PER_USER)
     item = rng.integers(1, n_items + 1, n)
     ts = BASE_US - rng.integers(1, 60 * DAY_US, n) // 1_000_000 * 1_000_000
-    return pl.DataFrame({
-        "user_id": pl.Series(user).cast(pl.String).str.zfill(5).str.replace(r"^", "user-"),
-        "item_id": pl.Series(item).cast(pl.String).str.zfill(7).str.replace(r"^", "item-"),
-        "event": pl.Series(np.array(["view", "click", "purchase"])[rng.choice(3, n, p=[0.85, 0.12, 0.03])]),
-        "ts": pl.Series(ts).cast(pl.Datetime("us", "UTC")),
-    }).sort("user_id", "ts")
+    return pl.DataFrame(
+        {
+            "user_id": pl.Series(user).cast(pl.String).str.zfill(5).str.replace(r"^", "user-"),
+            "item_id": pl.Series(item).cast(pl.String).str.zfill(7).str.replace(r"^", "item-"),
+            "event": pl.Series(np.array(["view", "click", "purchase"])[rng.choice(3, n, p=[0.85, 0.12, 0.03])]),
+            "ts": pl.Series(ts).cast(pl.Datetime("us", "UTC")),
+        }
+    ).sort("user_id", "ts")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -142,8 +150,7 @@ def _hwm_kib(pid: int) -> int:
     return _status_kib(pid, "VmHWM")
 
 
-def _poll_children(pid: int, peaks: dict[int, int], done: threading.Event, cap_kib: int,
-                   trace: list[tuple[float, int]]) -> None:
+def _poll_children(pid: int, peaks: dict[int, int], done: threading.Event, cap_kib: int, trace: list[tuple[float, int]]) -> None:
     """Record the peak RSS of every descendant of pid and the flow's RSS over time until done; kill above cap_kib."""
     while not done.wait(0.2):
         trace.append((time.perf_counter(), _status_kib(pid, "VmRSS")))
@@ -192,20 +199,39 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
     items_uri, inter_uri = home / "inputs" / "items.parquet", home / "inputs" / "interactions.parquet"
     synthetic_items(n_items).write_parquet(items_uri)
     synthetic_interactions(n_items, users).write_parquet(inter_uri)
-    env = {**os.environ, "NIGHTSCORE_ENCODER": "tiny", "NIGHTSCORE_DEVICE": "cpu", "NIGHTSCORE_TOKEN_BUDGET": "8192",
-           "NIGHTSCORE_SHARD_SIZE": str(shard_size), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-c", CLI, "run", "nightly", "--items", str(items_uri), "--interactions", str(inter_uri),
-           "--run-date", RUN_DATE, "--home", str(home)]
+    env = {
+        **os.environ,
+        "NIGHTSCORE_ENCODER": "tiny",
+        "NIGHTSCORE_DEVICE": "cpu",
+        "NIGHTSCORE_TOKEN_BUDGET": "8192",
+        "NIGHTSCORE_SHARD_SIZE": str(shard_size),
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-c",
+        CLI,
+        "run",
+        "nightly",
+        "--items",
+        str(items_uri),
+        "--interactions",
+        str(inter_uri),
+        "--run-date",
+        RUN_DATE,
+        "--home",
+        str(home),
+    ]
     peaks: dict[int, int] = {}
     trace: list[tuple[float, int]] = []
     events: list[tuple[float, str]] = []
     done = threading.Event()
     started = time.perf_counter()
     with open(home / "run.log", "w") as logfile:
-        proc = subprocess.Popen(cmd, env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # its own process group, so the cap can stop all of it
-        poller = threading.Thread(target=_poll_children, args=(proc.pid, peaks, done, cap_mib * 1024, trace),
-                                  daemon=True)
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )  # its own process group, so the cap can stop all of it
+        poller = threading.Thread(target=_poll_children, args=(proc.pid, peaks, done, cap_mib * 1024, trace), daemon=True)
         tee = threading.Thread(target=_tee_stderr, args=(proc.stderr, logfile, events), daemon=True)
         poller.start()
         tee.start()
@@ -219,16 +245,27 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
     rc = os.waitstatus_to_exitcode(status)
     if rc:
         log.error("run over %d items exited %d; see %s", n_items, rc, home / "run.log")
-    return Result(n_items, wall, usage.ru_maxrss / 1024.0, max(peaks.values(), default=0) / 1024.0, _stages(stdout), rc,
-                  per_task_rss(trace, events))
+    return Result(
+        n_items,
+        wall,
+        usage.ru_maxrss / 1024.0,
+        max(peaks.values(), default=0) / 1024.0,
+        _stages(stdout),
+        rc,
+        per_task_rss(trace, events),
+    )
 
 
 def table(results: list[Result]) -> str:
     """Return the side-by-side table: one column per size and one of ratios last/first."""
     names = list(dict.fromkeys(name for r in results for name in r.stages))
-    rows: list[tuple[str, list[float | int]]] = [("items", [r.items for r in results]), ("exit code", [r.rc for r in results]),
-            ("wall s", [r.wall_s for r in results]), ("flow peak RSS MiB", [r.flow_peak_mib for r in results]),
-            ("server peak RSS MiB", [r.server_peak_mib for r in results])]
+    rows: list[tuple[str, list[float | int]]] = [
+        ("items", [r.items for r in results]),
+        ("exit code", [r.rc for r in results]),
+        ("wall s", [r.wall_s for r in results]),
+        ("flow peak RSS MiB", [r.flow_peak_mib for r in results]),
+        ("server peak RSS MiB", [r.server_peak_mib for r in results]),
+    ]
     rows += [(f"  stage {n} s", [r.stages.get(n, float("nan")) for r in results]) for n in names]
     head = f"{'':24}" + "".join(f"{r.items:>14,}" for r in results) + f"{'ratio':>10}"
     lines = [head]
@@ -261,8 +298,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("bench-results/memory"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cap-mib", type=int, default=12_000, help="kill a run whose flow process exceeds this RSS")
-    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="checkout whose code runs (default: this one)")
+    parser.add_argument(
+        "--repo", type=Path, default=Path(__file__).resolve().parents[1], help="checkout whose code runs (default: this one)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     results = []

@@ -13,21 +13,29 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage.cache import RedisCache  # noqa: E402
-from storage.candidate_payload import encode_candidates  # noqa: E402
+from storage.cache import RedisCache
+from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
+
+FEATURES = 22  # feature columns of a cache entry (the fusion of six lists)
+FEATURE_SET = feature_set_id([f"f{i}" for i in range(FEATURES)])
 
 
-def encode_json(item_ids: list[str], scores: np.ndarray) -> bytes:
+def encode_msgpack(item_ids: list[str], features: np.ndarray) -> bytes:
+    """Return the cache entry nightscore writes: msgpack ids + float32 feature rows."""
+    return encode_entry(CandidateEntry(item_ids, features, FEATURE_SET))
+
+
+def encode_json(item_ids: list[str], features: np.ndarray) -> bytes:
     """Return the JSON payload a naive publisher would write."""
-    return json.dumps({"items": item_ids, "scores": [float(s) for s in scores]}).encode()
+    return json.dumps({"items": item_ids, "features": features.tolist(), "feature_set": FEATURE_SET}).encode()
 
 
 def entries(users: int, k: int, encode: Callable[[list[str], np.ndarray], bytes], seed: int = 0) -> Iterator[tuple[str, bytes]]:
@@ -35,8 +43,8 @@ def entries(users: int, k: int, encode: Callable[[list[str], np.ndarray], bytes]
     rng = np.random.default_rng(seed)
     for u in range(users):
         items = [f"item-{i:06d}" for i in rng.integers(0, 50_000, size=k)]
-        scores = np.sort(rng.random(k, dtype=np.float32))[::-1]
-        yield f"user-{u:07d}", encode(items, scores)
+        features = rng.random((k, FEATURES), dtype=np.float32)
+        yield f"user-{u:07d}", encode(items, features)
 
 
 def measure(url: str, users: int, k: int, name: str, encode: Callable[[list[str], np.ndarray], bytes]) -> dict[str, float]:
@@ -64,14 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args(argv)
-    rows = {name: measure(args.redis, args.users, args.k, name, fn)
-            for name, fn in (("msgpack+f32", encode_candidates), ("json", encode_json))}
+    rows = {
+        name: measure(args.redis, args.users, args.k, name, fn)
+        for name, fn in (("msgpack+f32", encode_msgpack), ("json", encode_json))
+    }
     print(f"{args.users} users x {args.k} candidates into {args.redis} (pipelined batches of 1000, then pointer switch)")
     print(f"{'encoding':<14}{'users/s':>10}{'bytes/user':>12}{'seconds':>9}")
     for name, r in rows.items():
         print(f"{name:<14}{r['users_per_s']:>10.0f}{r['bytes_per_user']:>12.0f}{r['seconds']:>9.1f}")
     ratio = rows["json"]["bytes_per_user"] / rows["msgpack+f32"]["bytes_per_user"]
-    print(f"msgpack+f32 is {ratio:.2f}x smaller and {rows['msgpack+f32']['users_per_s'] / rows['json']['users_per_s']:.2f}x faster to publish")
+    print(
+        f"msgpack+f32 is {ratio:.2f}x smaller and "
+        f"{rows['msgpack+f32']['users_per_s'] / rows['json']['users_per_s']:.2f}x faster to publish"
+    )
     return 0
 
 

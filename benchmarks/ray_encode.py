@@ -22,18 +22,19 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.encoder import EncoderSpec, get_encoder, load_tokenizer  # noqa: E402
-from models.engine import encode_texts  # noqa: E402
-from models.planning import assign_shards, plan_batches  # noqa: E402
+from models.encoder import EncoderSpec, get_encoder, load_tokenizer
+from models.engine import encode_texts
+from models.planning import assign_shards, plan_batches
 
 log = logging.getLogger("bench")
 BUCKETS = [32, 64, 128, 256]
@@ -149,7 +150,9 @@ def planned_batches(work: Work) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(work.spec.max_seq_length)
     items = []
     for rows in work.shards:
-        lengths = np.array([min(len(e.ids), work.spec.max_seq_length) for e in tokenizer.encode_batch([work.texts[i] for i in rows])])
+        lengths = np.array(
+            [min(len(e.ids), work.spec.max_seq_length) for e in tokenizer.encode_batch([work.texts[i] for i in rows])]
+        )
         for batch in plan_batches(lengths, work.budget):
             items.append({"rows": rows[batch], "texts": [work.texts[i] for i in rows[batch]]})
     return items
@@ -184,8 +187,13 @@ def ray_data_runner(work: Work, actors: int, per_shard: bool) -> Callable[[], np
 
     def run() -> np.ndarray:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            fn, fn_constructor_kwargs=kwargs, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors),
-            num_cpus=work.spec.num_threads, batch_format="numpy")
+            fn,
+            fn_constructor_kwargs=kwargs,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=work.spec.num_threads,
+            batch_format="numpy",
+        )
         out = np.empty((len(work.texts), 384), dtype=np.float32)
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             out[batch["row"]] = batch["embedding"]
@@ -202,8 +210,9 @@ def ray_session(args: argparse.Namespace, api_url: str) -> Iterator[float]:
     from nightscore.settings import load_settings
     from tasks.runner import ray_init_kwargs
 
-    os.environ.update(NIGHTSCORE_TASK_RUNNER="ray", NIGHTSCORE_NUM_THREADS=str(args.task_threads),
-                      NIGHTSCORE_RAY_NUM_CPUS=str(args.ray_cpus))
+    os.environ.update(
+        NIGHTSCORE_TASK_RUNNER="ray", NIGHTSCORE_NUM_THREADS=str(args.task_threads), NIGHTSCORE_RAY_NUM_CPUS=str(args.ray_cpus)
+    )
     kwargs = ray_init_kwargs(load_settings(), api_url)
     started = time.perf_counter()
     ray.init(**kwargs, log_to_driver=False)
@@ -230,12 +239,13 @@ def prefect_api(folder: Path) -> Iterator[tuple[str, float]]:
 def render(results: dict[str, Timing], texts: int) -> str:
     """Return the side-by-side table: cold and warm wall seconds, warm texts/s, ratios to local, startup, fidelity."""
     local = results["local"]
-    lines = [f"{'mode':<26}{'cold s':>8}{'warm s':>8}{'texts/s':>9}{'vs local':>10}{'startup s':>11}{'max |d|':>10}",
-             "-" * 82]
+    lines = [f"{'mode':<26}{'cold s':>8}{'warm s':>8}{'texts/s':>9}{'vs local':>10}{'startup s':>11}{'max |d|':>10}", "-" * 82]
     for mode, r in results.items():
         diff = float(np.abs(r.vectors - local.vectors).max())
-        lines.append(f"{mode:<26}{r.cold:>8.2f}{r.warm:>8.2f}{texts / r.warm:>9.1f}{local.warm / r.warm:>9.2f}x"
-                     f"{r.cold - r.warm:>11.2f}{diff:>10.1e}")
+        lines.append(
+            f"{mode:<26}{r.cold:>8.2f}{r.warm:>8.2f}{texts / r.warm:>9.1f}{local.warm / r.warm:>9.2f}x"
+            f"{r.cold - r.warm:>11.2f}{diff:>10.1e}"
+        )
     return "\n".join(lines)
 
 
@@ -273,11 +283,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp)) as (url, server_s), ray_session(args, url) as ray_s:
         results = measure(args, work, Path(tmp))
     results = {"local" if k.startswith("local") else k: v for k, v in results.items()}
-    print(f"{len(work.texts)} texts, encoder {args.encoder}, {len(work.shards)} shards of <= {args.shard_size}, "
-          f"local: 1 process x {args.threads} threads; ray: {args.ray_cpus} CPUs, {args.task_threads} thread(s) per task/actor")
-    print(f"load average before/after: {load[0]:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machines: compare within one run)")
-    print(f"started apart: Prefect server {server_s:.1f}s, Ray {ray_s:.1f}s; cold = first pass (workers/actors start, "
-          "model loads), warm = second pass in the same Ray session")
+    print(
+        f"{len(work.texts)} texts, encoder {args.encoder}, {len(work.shards)} shards of <= {args.shard_size}, "
+        f"local: 1 process x {args.threads} threads; ray: {args.ray_cpus} CPUs, {args.task_threads} thread(s) per task/actor"
+    )
+    print(
+        f"load average before/after: {load[0]:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+        "(shared machines: compare within one run)"
+    )
+    print(
+        f"started apart: Prefect server {server_s:.1f}s, Ray {ray_s:.1f}s; cold = first pass (workers/actors start, "
+        "model loads), warm = second pass in the same Ray session"
+    )
     print(render(results, len(work.texts)))
     return 0
 

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,7 +92,7 @@ def run_matmul(users: torch.Tensor, items: torch.Tensor, chunk: int) -> float:
     started = time.perf_counter()
     with torch.inference_mode():
         for start in range(0, users.shape[0], chunk):
-            block = users[start:start + chunk]
+            block = users[start : start + chunk]
             torch.mm(block, items_t, out=out[: block.shape[0]])
     return time.perf_counter() - started
 
@@ -112,7 +113,7 @@ def faiss_unseen(
     rows: np.ndarray, scores: np.ndarray, seen: Interactions, sample: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return FAISS's first k results per sampled user after removing that user's seen items."""
-    seen_keys = set(zip(seen.user_rows.astype(np.int64).tolist(), seen.item_rows.astype(np.int64).tolist()))
+    seen_keys = set(zip(seen.user_rows.astype(np.int64).tolist(), seen.item_rows.astype(np.int64).tolist(), strict=False))
     out_rows = np.full((sample.size, k), -1, dtype=np.int64)
     out_scores = np.full((sample.size, k), -np.inf, dtype=np.float32)
     for n, user in enumerate(sample.tolist()):
@@ -127,8 +128,13 @@ def compare(ours: tuple[np.ndarray, np.ndarray], peer: tuple[np.ndarray, np.ndar
     same = (rows == peer_rows).all(axis=1)
     # A swap between near-equal scores (or at the k-th boundary) leaves the score at every rank equal.
     close = np.abs(scores.astype(np.float64) - peer_scores).max(axis=1) <= SCORE_TOLERANCE
-    return {"users": int(rows.shape[0]), "identical": int(same.sum()), "rounding_swaps": int((~same & close).sum()),
-            "mismatched": int((~same & ~close).sum()), "max_score_diff": float(np.abs(scores - peer_scores).max())}
+    return {
+        "users": int(rows.shape[0]),
+        "identical": int(same.sum()),
+        "rounding_swaps": int((~same & close).sum()),
+        "mismatched": int((~same & ~close).sum()),
+        "max_score_diff": float(np.abs(scores - peer_scores).max()),
+    }
 
 
 def print_table(rows: list[Row], n_users: int, flops: float) -> None:
@@ -137,8 +143,10 @@ def print_table(rows: list[Row], n_users: int, flops: float) -> None:
     print(f"\n{'method':<12} {'seconds':>9} {'users/s':>10} {'GFLOP/s':>9} {'of mm':>7} {'peak RSS MiB':>13}  note")
     for r in rows:
         share = f"{ceiling / r.seconds:7.0%}" if ceiling else f"{'-':>7}"
-        print(f"{r.method:<12} {r.seconds:9.2f} {n_users / r.seconds:10.0f} {flops / r.seconds / 1e9:9.1f} "
-              f"{share} {r.peak_rss_mib:13.0f}  {r.note}")
+        print(
+            f"{r.method:<12} {r.seconds:9.2f} {n_users / r.seconds:10.0f} {flops / r.seconds / 1e9:9.1f} "
+            f"{share} {r.peak_rss_mib:13.0f}  {r.note}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,7 +180,7 @@ def warm_up(users: torch.Tensor, items: torch.Tensor, seen: Interactions, k: int
     top_k_items(users[:n], items, few, k, n)
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every method once, print the table and the checks, and return the results."""
     torch.set_num_threads(args.threads)
     users_np, items_np, seen = setup(args)
@@ -195,27 +203,33 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return {"args": vars(args), "rows": [asdict(r) for r in results], "check": check, "baseline_rss_mib": baseline}
 
 
-def report(
-    args: argparse.Namespace, results: list[Row], check: dict[str, float], baseline: float, flops: float
-) -> None:
+def report(args: argparse.Namespace, results: list[Row], check: dict[str, float], baseline: float, flops: float) -> None:
     """Print the table, the memory bound, the FAISS check and the ratios."""
-    print(f"\n{args.users} users x {args.items} items x dim {args.dim}, K={args.k}, threads {args.threads}, "
-          f"torch {torch.__version__}")
+    print(
+        f"\n{args.users} users x {args.items} items x dim {args.dim}, K={args.k}, threads {args.threads}, "
+        f"torch {torch.__version__}"
+    )
     print_table(results, args.users, flops)
     chunk_mib = min(args.chunk, args.users) * args.items * 4 / 2**20
     out_mib = args.users * args.k * (8 + 4) / 2**20
     grown = results[0].peak_rss_mib - baseline
-    print(f"\nmemory: RSS before nightscore {baseline:.0f} MiB (vectors + seen items); its peak was "
-          f"{grown:.0f} MiB above that, against one chunk's scores {chunk_mib:.0f} MiB (chunk x items x 4 B) "
-          f"+ the top-K outputs {out_mib:.0f} MiB (users x K x 12 B): the working set follows the chunk, "
-          f"not the number of users")
+    print(
+        f"\nmemory: RSS before nightscore {baseline:.0f} MiB (vectors + seen items); its peak was "
+        f"{grown:.0f} MiB above that, against one chunk's scores {chunk_mib:.0f} MiB (chunk x items x 4 B) "
+        f"+ the top-K outputs {out_mib:.0f} MiB (users x K x 12 B): the working set follows the chunk, "
+        f"not the number of users"
+    )
     if check:
-        print(f"check vs FAISS on {check['users']} sampled users: identical {check['identical']}, "
-              f"float-rounding swaps {check['rounding_swaps']}, mismatched {check['mismatched']} "
-              f"(max |score diff| {check['max_score_diff']:.2e})")
+        print(
+            f"check vs FAISS on {check['users']} sampled users: identical {check['identical']}, "
+            f"float-rounding swaps {check['rounding_swaps']}, mismatched {check['mismatched']} "
+            f"(max |score diff| {check['max_score_diff']:.2e})"
+        )
     by = {r.method: r.seconds for r in results}
-    print(f"ratios: nightscore / torch.mm time {by['nightscore'] / by['torch.mm']:.2f}x"
-          + (f", faiss / nightscore time {by['faiss'] / by['nightscore']:.2f}x" if "faiss" in by else ""))
+    print(
+        f"ratios: nightscore / torch.mm time {by['nightscore'] / by['torch.mm']:.2f}x"
+        + (f", faiss / nightscore time {by['faiss'] / by['nightscore']:.2f}x" if "faiss" in by else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,14 +46,17 @@ def make_inputs(root: Path, items: int, dim: int) -> tuple[list[str], str]:
     ids = np.array([f"item-{i:07d}" for i in rng.permutation(items)])
     shards = []
     for n, start in enumerate(range(0, items, SHARD_ROWS)):
-        part = ids[start:start + SHARD_ROWS]
+        part = ids[start : start + SHARD_ROWS]
         vectors = rng.normal(size=(len(part), dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         path = root / f"shard-{n:05d}.parquet"
-        pl.DataFrame({"item_id": part}).with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, dim))).write_parquet(path)
+        pl.DataFrame({"item_id": part}).with_columns(
+            pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, dim))
+        ).write_parquet(path)
         shards.append(str(path))
-    plan = pl.DataFrame({"item_id": ids, "content_hash": ["0" * 64] * items,
-                         "token_count": rng.integers(4, 256, items).astype(np.int32)})
+    plan = pl.DataFrame(
+        {"item_id": ids, "content_hash": ["0" * 64] * items, "token_count": rng.integers(4, 256, items).astype(np.int32)}
+    )
     plan.write_parquet(root / "plan.parquet")
     return shards, str(root / "plan.parquet")
 
@@ -85,8 +88,12 @@ def run_spill(shards: list[str], plan: str, out: str, dim: int) -> None:
                 spill.add("vectors", frame)
         for frame in lake.iter_frames(plan, "plan", batch_size=BLOCK):
             spill.add("plan", frame)
-        blocks = (scored(spill.read("plan", r).join(spill.read("vectors", r), on="item_id", validate="1:1").sort("item_id"),
-                         label_vectors) for r in range(len(bounds)))
+        blocks = (
+            scored(
+                spill.read("plan", r).join(spill.read("vectors", r), on="item_id", validate="1:1").sort("item_id"), label_vectors
+            )
+            for r in range(len(bounds))
+        )
         lake.write_parquet_frames(blocks, out)
 
 
@@ -103,7 +110,8 @@ def run_duckdb(shards: list[str], plan: str, out: str, dim: int, memory: str) ->
     shard_list = "[" + ", ".join(f"'{s}'" for s in shards) + "]"
     reader = con.execute(
         f"SELECT p.item_id, p.content_hash, p.token_count, v.embedding::FLOAT[{dim}] AS embedding FROM read_parquet('{plan}') p "
-        f"JOIN read_parquet({shard_list}) v USING (item_id) ORDER BY p.item_id").to_arrow_reader(BLOCK)
+        f"JOIN read_parquet({shard_list}) v USING (item_id) ORDER BY p.item_id"
+    ).to_arrow_reader(BLOCK)
     blocks = (scored(pl.DataFrame(pl.from_arrow(batch)), label_vectors) for batch in _batches(reader))
     lake.write_parquet_frames(blocks, out)
 
@@ -143,8 +151,11 @@ def main() -> None:
     methods = ["spill", *(f"duckdb-{limit}" for limit in DUCKDB_LIMITS)]
     for method in methods:
         out = args.root / f"item_scores-{method}.parquet"
-        done = subprocess.run([sys.executable, __file__, "--dim", str(args.dim), "--child", method, json.dumps(shards), plan,
-                               str(out)], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--dim", str(args.dim), "--child", method, json.dumps(shards), plan, str(out)],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             log.error("%s failed (exit %d): %s", method, done.returncode, done.stderr.strip().splitlines()[-1:])
             results[method] = {"seconds": float("nan"), "peak_mib": float("nan")}
@@ -159,8 +170,10 @@ def main() -> None:
         same = out.exists() and pl.read_parquet(out).equals(reference)
         name = "RangeSpill (Arrow IPC ranges)" if method == "spill" else f"DuckDB ORDER BY ({method[7:]} limit)"
         r = results[method]
-        print(f"{name:<34}{r['seconds']:>9.1f}{r['peak_mib']:>14.0f}{r['seconds'] / base['seconds']:>14.2f}x"
-              f"{r['peak_mib'] / base['peak_mib']:>13.2f}x  {same}")
+        print(
+            f"{name:<34}{r['seconds']:>9.1f}{r['peak_mib']:>14.0f}{r['seconds'] / base['seconds']:>14.2f}x"
+            f"{r['peak_mib'] / base['peak_mib']:>13.2f}x  {same}"
+        )
 
 
 if __name__ == "__main__":

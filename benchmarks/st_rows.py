@@ -22,18 +22,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("st_rows")
 ROWS = ("st_onnx", "st_onnx_int8", "st_openvino")
 
 
-def load_row(row: str, model: Path, scratch: Path, threads: int):  # noqa: ANN201 - a SentenceTransformer
+def load_row(row: str, model: Path, scratch: Path, threads: int) -> Any:  # a SentenceTransformer
     """Return the SentenceTransformer of one row: onnx, its dynamic-int8 export, or openvino (their defaults)."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
     if row == "st_openvino":
-        return SentenceTransformer(str(model), backend="openvino", device="cpu",
-                                   model_kwargs={"ov_config": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}})
+        return SentenceTransformer(
+            str(model),
+            backend="openvino",
+            device="cpu",
+            model_kwargs={"ov_config": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}},
+        )
     onnx_dir = scratch / "onnx-model"
     if not (onnx_dir / "onnx" / "model.onnx").is_file():
         SentenceTransformer(str(model), backend="onnx", device="cpu").save_pretrained(str(onnx_dir))
@@ -42,18 +47,21 @@ def load_row(row: str, model: Path, scratch: Path, threads: int):  # noqa: ANN20
     config = "avx512_vnni" if "avx512_vnni" in Path("/proc/cpuinfo").read_text() else "avx2"
     name = f"onnx/model_qint8_{config}.onnx"
     if not (onnx_dir / name).is_file():
-        export_dynamic_quantized_onnx_model(SentenceTransformer(str(onnx_dir), backend="onnx", device="cpu"), config, str(onnx_dir))
+        export_dynamic_quantized_onnx_model(
+            SentenceTransformer(str(onnx_dir), backend="onnx", device="cpu"), config, str(onnx_dir)
+        )
     return SentenceTransformer(str(onnx_dir), backend="onnx", device="cpu", model_kwargs={"file_name": name})
 
 
-def time_row(model, texts: list[str], batch_size: int, repeats: int) -> tuple[list[float], object]:  # noqa: ANN001
+def time_row(model: Any, texts: list[str], batch_size: int, repeats: int) -> tuple[list[float], object]:
     """Return (pass seconds, embeddings of the last pass) after one warm-up on 64 texts."""
     model.encode(texts[:64], batch_size=batch_size, show_progress_bar=False)
     times, vectors = [], None
     for _ in range(repeats):
         started = time.perf_counter()
-        vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                               show_progress_bar=False)
+        vectors = model.encode(
+            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         times.append(time.perf_counter() - started)
     return times, vectors
 
@@ -107,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     import sentence_transformers
     import transformers
 
-    results["_versions"] = {"sentence_transformers": sentence_transformers.__version__, "transformers": transformers.__version__,
-                            "optimum": optimum.version.__version__, "torch": torch.__version__}
+    results["_versions"] = {
+        "sentence_transformers": sentence_transformers.__version__,
+        "transformers": transformers.__version__,
+        "optimum": optimum.version.__version__,
+        "torch": torch.__version__,
+    }
     (out / "rows.json").write_text(json.dumps(results, indent=2))
     return 0
 
@@ -118,7 +130,8 @@ def serve(args: argparse.Namespace, texts: list[str], out: Path) -> int:
     import numpy as np
 
     batch = int(args.batch_sizes.split(",")[0])
-    models, loaded = {}, {}
+    models: dict[str, Any] = {}
+    loaded: dict[str, float | str] = {}
     with tempfile.TemporaryDirectory(prefix="st-rows-") as tmp:
         scratch = Path(tmp)
         shutil.copytree(args.model, scratch / "model")
@@ -133,16 +146,20 @@ def serve(args: argparse.Namespace, texts: list[str], out: Path) -> int:
         import sentence_transformers
         import transformers
 
-        versions = {"sentence_transformers": sentence_transformers.__version__, "transformers": transformers.__version__,
-                    "optimum": optimum.version.__version__}
-        print(json.dumps({"ready": [r for r in models], "load": loaded, "versions": versions, "batch_size": batch}), flush=True)
+        versions = {
+            "sentence_transformers": sentence_transformers.__version__,
+            "transformers": transformers.__version__,
+            "optimum": optimum.version.__version__,
+        }
+        print(json.dumps({"ready": list(models), "load": loaded, "versions": versions, "batch_size": batch}), flush=True)
         for line in sys.stdin:
             if line.strip() in ("", "quit"):
                 break
             row, n = line.split()
             started = time.perf_counter()
-            vectors = models[row].encode(texts[: int(n)], batch_size=batch, normalize_embeddings=True,
-                                         convert_to_numpy=True, show_progress_bar=False)
+            vectors = models[row].encode(
+                texts[: int(n)], batch_size=batch, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            )
             seconds = time.perf_counter() - started
             npy = out / f"{row}.npy"
             np.save(npy, np.asarray(vectors, dtype=np.float32))

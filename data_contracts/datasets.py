@@ -82,10 +82,16 @@ class SuiteParams:
     @classmethod
     def from_settings(cls, settings: Settings, expected_users: int | None = None) -> SuiteParams:
         """Return the suites' parameters from settings (and the users a run should serve, when known)."""
-        return cls(row_count_band=settings.row_count_band, topic_share_tolerance=settings.topic_share_tolerance,
-                   mean_topic_score_tolerance=settings.mean_topic_score_tolerance, top_k=settings.top_k,
-                   min_user_coverage=settings.min_user_coverage, topic_labels=tuple(settings.topic_labels),
-                   events=tuple(settings.event_weights), expected_users=expected_users)
+        return cls(
+            row_count_band=settings.row_count_band,
+            topic_share_tolerance=settings.topic_share_tolerance,
+            mean_topic_score_tolerance=settings.mean_topic_score_tolerance,
+            top_k=settings.top_k,
+            min_user_coverage=settings.min_user_coverage,
+            topic_labels=tuple(settings.topic_labels),
+            events=tuple(settings.event_weights),
+            expected_users=expected_users,
+        )
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,9 @@ def dataset_stats(dataset: str, data: pl.DataFrame | DatasetView) -> dict[str, f
 def suite_params(previous: dict[str, float] | None, params: SuiteParams) -> dict[str, Any]:
     """Return the placeholder values of a run: settings, plus bands around the previous run's stats when known."""
     values: dict[str, Any] = {
-        "row_count_min": 1, "row_count_max": None, "topic_share_tolerance": params.topic_share_tolerance,
+        "row_count_min": 1,
+        "row_count_max": None,
+        "topic_share_tolerance": params.topic_share_tolerance,
         "min_user_coverage": params.min_user_coverage,
     }
     values.update(_previous_params(previous or {}, params))
@@ -230,12 +238,16 @@ def _shares(view: DatasetView) -> pl.DataFrame:
 
 def _topic_shares(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
     previous = values.get("previous_topic_shares", {})
-    before = pl.DataFrame({"topic": list(previous), "previous_share": list(previous.values())},
-                          schema={"topic": pl.String, "previous_share": pl.Float64})
+    before = pl.DataFrame(
+        {"topic": list(previous), "previous_share": list(previous.values())},
+        schema={"topic": pl.String, "previous_share": pl.Float64},
+    )
     joined = _shares(view).join(before, on="topic", how="full", coalesce=True)
-    return joined.with_columns(pl.col("share", "previous_share").fill_null(0.0)).with_columns(
-        (pl.col("share") - pl.col("previous_share")).abs().alias("share_delta")
-    ).sort("share_delta", "topic", descending=[True, False], nulls_last=True)  # worst drift quoted first
+    return (
+        joined.with_columns(pl.col("share", "previous_share").fill_null(0.0))
+        .with_columns((pl.col("share") - pl.col("previous_share")).abs().alias("share_delta"))
+        .sort("share_delta", "topic", descending=[True, False], nulls_last=True)
+    )  # worst drift quoted first
 
 
 def _summary(view: DatasetView, values: dict[str, Any]) -> pl.DataFrame:
@@ -272,20 +284,35 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
         ProgressBarsConfig,
     )
 
-    sites = {} if docs_dir is None else {DOCS_SITE: {
-        "class_name": "SiteBuilder", "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-    }}
+    sites = (
+        {}
+        if docs_dir is None
+        else {
+            DOCS_SITE: {
+                "class_name": "SiteBuilder",
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            }
+        }
+    )
     config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False), data_docs_sites=sites,
-        analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        data_docs_sites=sites,
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
     )
     return gx.get_context(mode="ephemeral", project_config=config)
 
 
-def _validate_table(context: AbstractDataContext, source: PandasDatasource, dataset: str, table: str,
-                    expectations: list[Expectation], data: pd.DataFrame,
-                    meta: dict[str, Any]) -> list[ExpectationValidationResult]:
+def _validate_table(
+    context: AbstractDataContext,
+    source: PandasDatasource,
+    dataset: str,
+    table: str,
+    expectations: list[Expectation],
+    data: pd.DataFrame,
+    meta: dict[str, Any],
+) -> list[ExpectationValidationResult]:
     import great_expectations as gx
 
     batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
@@ -299,8 +326,13 @@ def _validate_table(context: AbstractDataContext, source: PandasDatasource, data
     return definition.run(batch_parameters={"dataframe": data}, result_format=result_format).results
 
 
-def validate_dataset(dataset: str, data: pl.DataFrame | DatasetView, previous: dict[str, float] | None, params: SuiteParams,
-                     docs_dir: str | None = None) -> DatasetReport:
+def validate_dataset(
+    dataset: str,
+    data: pl.DataFrame | DatasetView,
+    previous: dict[str, float] | None,
+    params: SuiteParams,
+    docs_dir: str | None = None,
+) -> DatasetReport:
     """Validate a run's dataset against its suite and the previous successful run's stats.
 
     Args:
@@ -328,8 +360,13 @@ def validate_dataset(dataset: str, data: pl.DataFrame | DatasetView, previous: d
         failures += [_failure(result, table) for result in results if not result.success]
         outcomes += [_outcome(result, table) for result in results]
     docs_path = _build_docs(context, docs_dir)
-    logger.info("dataset %s: %d rows, %d failed expectation(s), validated in %.2fs",
-                dataset, view.height, len(failures), time.perf_counter() - started)
+    logger.info(
+        "dataset %s: %d rows, %d failed expectation(s), validated in %.2fs",
+        dataset,
+        view.height,
+        len(failures),
+        time.perf_counter() - started,
+    )
     version = str(spec["meta"]["version"])
     return DatasetReport(dataset, version, not failures, failures, dataset_stats(dataset, view), docs_path, outcomes)
 
@@ -338,8 +375,9 @@ def _outcome(result: ExpectationValidationResult, table: str) -> ExpectationOutc
     config = result.expectation_config
     kwargs = config.kwargs if config is not None else {}
     column = kwargs.get("column") or ",".join(kwargs.get("column_list") or []) or None
-    return ExpectationOutcome(config.type if config is not None else "unknown", column, table, bool(result.success),
-                              _observed(result.result or {}))
+    return ExpectationOutcome(
+        config.type if config is not None else "unknown", column, table, bool(result.success), _observed(result.result or {})
+    )
 
 
 def _build_docs(context: AbstractDataContext, docs_dir: str | None) -> str | None:
@@ -359,8 +397,12 @@ def _failure(result: ExpectationValidationResult, table: str) -> ExpectationFail
     if error is not None:
         return ExpectationFailure(config.type, column, None, f"{table} table: raised {error}")
     expected = ", ".join(f"{key}={_plain(value)!r}" for key, value in kwargs.items())
-    return ExpectationFailure(config.type, column, _observed(result.result or {}),
-                              f"{table} table; expected {expected}" if expected else f"{table} table")
+    return ExpectationFailure(
+        config.type,
+        column,
+        _observed(result.result or {}),
+        f"{table} table; expected {expected}" if expected else f"{table} table",
+    )
 
 
 def _exception_message(info: dict[str, Any]) -> str | None:
@@ -377,9 +419,13 @@ def _observed(result: dict[str, Any]) -> object:
         return None
     examples = result.get("partial_unexpected_index_list") or result.get("partial_unexpected_list") or []
     percent = result.get("unexpected_percent")
-    return _plain({"unexpected_count": result["unexpected_count"],
-                   "unexpected_percent": None if percent is None else round(float(percent), 4),
-                   "examples": list(examples)[:EXAMPLES]})
+    return _plain(
+        {
+            "unexpected_count": result["unexpected_count"],
+            "unexpected_percent": None if percent is None else round(float(percent), 4),
+            "examples": list(examples)[:EXAMPLES],
+        }
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -26,10 +26,18 @@ from nightscore.errors import InputUnreadable
 
 ITEMS_CONTRACT = "items/1"
 INTERACTIONS_CONTRACT = "interactions/1"
-ITEM_COLUMNS: dict[str, pl.DataType] = {"item_id": pl.String(), "title": pl.String(), "body": pl.String(),
-                                        "created_at": pl.Datetime("us", "UTC")}
-INTERACTION_COLUMNS: dict[str, pl.DataType] = {"user_id": pl.String(), "item_id": pl.String(), "event": pl.String(),
-                                               "ts": pl.Datetime("us", "UTC")}
+ITEM_COLUMNS: dict[str, pl.DataType] = {
+    "item_id": pl.String(),
+    "title": pl.String(),
+    "body": pl.String(),
+    "created_at": pl.Datetime("us", "UTC"),
+}
+INTERACTION_COLUMNS: dict[str, pl.DataType] = {
+    "user_id": pl.String(),
+    "item_id": pl.String(),
+    "event": pl.String(),
+    "ts": pl.Datetime("us", "UTC"),
+}
 EVENTS = ["view", "click", "purchase"]
 INVALID_UTF8 = "__invalid_utf8"  # conform's marker column: the columns of a row whose bytes were not valid UTF-8
 TEXT_COLUMNS = ("title", "body")
@@ -48,9 +56,12 @@ class InputRules:
 
 def item_text_expr() -> pl.Expr:
     """Return the expression of the scored text: title + "\\n" + body (body alone when title is null)."""
-    return pl.when(pl.col("title").is_null()).then(pl.col("body")).otherwise(
-        pl.concat_str([pl.col("title"), pl.col("body")], separator="\n")
-    ).alias("text")
+    return (
+        pl.when(pl.col("title").is_null())
+        .then(pl.col("body"))
+        .otherwise(pl.concat_str([pl.col("title"), pl.col("body")], separator="\n"))
+        .alias("text")
+    )
 
 
 def conform(frame: pl.DataFrame, columns: dict[str, pl.DataType], dataset: str, uri: str) -> pl.DataFrame:
@@ -78,7 +89,8 @@ def _joined(marks: list[pl.Series], height: int) -> pl.Series:
     if not marks:
         return pl.Series(INVALID_UTF8, [None] * height, dtype=pl.String)
     joined = pl.DataFrame(marks, schema=[f"m{i}" for i in range(len(marks))]).select(
-        pl.concat_str(pl.all(), separator=",", ignore_nulls=True).alias(INVALID_UTF8))
+        pl.concat_str(pl.all(), separator=",", ignore_nulls=True).alias(INVALID_UTF8)
+    )
     return joined.get_column(INVALID_UTF8).replace("", None)
 
 
@@ -133,8 +145,7 @@ def items_schema(rules: InputRules) -> pa.DataFrameSchema:
             "title": pa.Column(str, nullable=True),
             "body": pa.Column(str, nullable=False),
             "created_at": pa.Column(pl.Datetime("us", "UTC"), nullable=True, checks=pa.Check.le(rules.not_after)),
-            "text": pa.Column(str, nullable=False, checks=[
-                _not_blank(), pa.Check.str_length(max_value=rules.max_text_chars)]),
+            "text": pa.Column(str, nullable=False, checks=[_not_blank(), pa.Check.str_length(max_value=rules.max_text_chars)]),
         },
         name="items",
     )
@@ -160,8 +171,9 @@ def _not_blank() -> pa.Check:
     )
 
 
-def validate_items(raw: pl.DataFrame, rules: InputRules, uri: str, row_offset: int = 0,
-                   duplicates: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def validate_items(
+    raw: pl.DataFrame, rules: InputRules, uri: str, row_offset: int = 0, duplicates: pl.DataFrame | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (valid items with a text column, quarantine rows) for a raw items frame.
 
     A batch of a larger file passes its first row's position (``row_offset``) and `duplicate_rows` of the whole
@@ -173,9 +185,14 @@ def validate_items(raw: pl.DataFrame, rules: InputRules, uri: str, row_offset: i
     frame = conform(raw, ITEM_COLUMNS, "items", uri).with_columns(item_text_expr()).with_row_index(ROW, offset=row_offset)
     if duplicates is None:
         duplicates = duplicate_rows(frame.select("item_id", "created_at"), rules.duplicate_policy, row_offset)
-    failures = pl.concat([
-        failing_rows(frame.drop(ROW, INVALID_UTF8), items_schema(rules), "items", uri).with_columns(pl.col(ROW) + row_offset),
-        invalid_utf8_failures(frame), duplicates.join(frame.select(ROW), on=ROW, how="semi")], how="diagonal_relaxed")
+    failures = pl.concat(
+        [
+            failing_rows(frame.drop(ROW, INVALID_UTF8), items_schema(rules), "items", uri).with_columns(pl.col(ROW) + row_offset),
+            invalid_utf8_failures(frame),
+            duplicates.join(frame.select(ROW), on=ROW, how="semi"),
+        ],
+        how="diagonal_relaxed",
+    )
     valid, quarantine = split_by_failures(frame, failures, "items", pl.col("item_id"))
     return valid.drop(ROW, INVALID_UTF8), quarantine
 
@@ -189,14 +206,25 @@ def duplicate_rows(ids: pl.DataFrame, policy: DuplicatePolicy, row_offset: int =
     rows = ids.with_row_index(ROW, offset=row_offset).filter(pl.col("item_id").is_not_null() & pl.col("item_id").is_duplicated())
     rule = DUPLICATE_RULES[policy]
     if policy == "quarantine_all":
-        return rows.select(pl.col(ROW), pl.lit(rule).alias("rule"), pl.col("item_id").alias("value"),
-                           pl.lit(None, dtype=pl.String).alias("reason"))
+        return rows.select(
+            pl.col(ROW),
+            pl.lit(rule).alias("rule"),
+            pl.col("item_id").alias("value"),
+            pl.lit(None, dtype=pl.String).alias("reason"),
+        )
     ranked = rows.sort(["item_id", pl.col("created_at").fill_null(datetime.min.replace(tzinfo=UTC)), ROW])
-    kept = ranked.group_by("item_id", maintain_order=True).last().select("item_id", pl.col(ROW).alias("kept_row"),
-                                                                        pl.col("created_at").alias("kept_created_at"))
+    kept = (
+        ranked.group_by("item_id", maintain_order=True)
+        .last()
+        .select("item_id", pl.col(ROW).alias("kept_row"), pl.col("created_at").alias("kept_created_at"))
+    )
     dropped = rows.join(kept, on="item_id").filter(pl.col(ROW) != pl.col("kept_row"))
-    reason = pl.format("duplicate item_id {}: kept row {} (latest created_at {}; policy keep_latest)", pl.col("item_id"),
-                       pl.col("kept_row"), pl.col("kept_created_at").dt.to_string().fill_null("null"))
+    reason = pl.format(
+        "duplicate item_id {}: kept row {} (latest created_at {}; policy keep_latest)",
+        pl.col("item_id"),
+        pl.col("kept_row"),
+        pl.col("kept_created_at").dt.to_string().fill_null("null"),
+    )
     return dropped.select(pl.col(ROW), pl.lit(rule).alias("rule"), pl.col("item_id").alias("value"), reason.alias("reason"))
 
 
@@ -223,10 +251,16 @@ def validate_interactions(
     require_columns(raw, REQUIRED_COLUMNS["interactions"], "interactions", uri)
     frame = conform(raw, INTERACTION_COLUMNS, "interactions", uri).with_row_index(ROW, offset=row_offset)
     failures = failing_rows(frame.drop(ROW, INVALID_UTF8), interactions_schema(rules), "interactions", uri).with_columns(
-        pl.col(ROW) + row_offset)
+        pl.col(ROW) + row_offset
+    )
     unknown = frame.filter(pl.col("item_id").is_not_null() & ~pl.col("item_id").is_in(valid_item_ids.implode()))
-    failures = pl.concat([failures, invalid_utf8_failures(frame), unknown.select(
-        pl.col(ROW), pl.lit("item_id:item_exists").alias("rule"), pl.col("item_id").alias("value"))])
+    failures = pl.concat(
+        [
+            failures,
+            invalid_utf8_failures(frame),
+            unknown.select(pl.col(ROW), pl.lit("item_id:item_exists").alias("rule"), pl.col("item_id").alias("value")),
+        ]
+    )
     key = pl.concat_str([pl.col("user_id"), pl.col("item_id"), pl.col("ts").dt.to_string()], separator="|")
     valid, quarantine = split_by_failures(frame, failures, "interactions", key)
     return valid.drop(ROW, INVALID_UTF8), quarantine

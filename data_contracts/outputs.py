@@ -25,24 +25,31 @@ NORM_TOLERANCE = 1e-3
 
 def item_scores_schema(labels: list[str]) -> pa.DataFrameSchema:
     """Return the pandera row contract of item_scores (embedding checks are numeric, below)."""
-    return pa.DataFrameSchema({
-        "item_id": pa.Column(str, nullable=False, unique=True),
-        "topic": pa.Column(str, nullable=False, checks=pa.Check.isin(labels)),
-        "topic_score": pa.Column(float, nullable=False, checks=pa.Check.in_range(0.0, 1.0)),
-        "token_count": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.ge(1), required=False),
-        "content_hash": pa.Column(str, nullable=False, checks=pa.Check.str_length(64, 64), required=False),
-        "model_version": pa.Column(str, nullable=False, required=False),
-    }, name="item_scores")
+    return pa.DataFrameSchema(
+        {
+            "item_id": pa.Column(str, nullable=False, unique=True),
+            "topic": pa.Column(str, nullable=False, checks=pa.Check.isin(labels)),
+            "topic_score": pa.Column(float, nullable=False, checks=pa.Check.in_range(0.0, 1.0)),
+            "token_count": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.ge(1), required=False),
+            "content_hash": pa.Column(str, nullable=False, checks=pa.Check.str_length(64, 64), required=False),
+            "model_version": pa.Column(str, nullable=False, required=False),
+        },
+        name="item_scores",
+    )
 
 
 def user_candidates_schema(k: int) -> pa.DataFrameSchema:
     """Return the pandera row contract of user_candidates: keys present, rank in 1..K, (user, item) unique."""
-    return pa.DataFrameSchema({
-        "user_id": pa.Column(str, nullable=False),
-        "item_id": pa.Column(str, nullable=False),
-        "rank": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.in_range(1, k)),
-        "score": pa.Column(float, nullable=False),
-    }, unique=["user_id", "item_id"], name="user_candidates")
+    return pa.DataFrameSchema(
+        {
+            "user_id": pa.Column(str, nullable=False),
+            "item_id": pa.Column(str, nullable=False),
+            "rank": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.in_range(1, k)),
+            "score": pa.Column(float, nullable=False),
+        },
+        unique=["user_id", "item_id"],
+        name="user_candidates",
+    )
 
 
 def pandera_cases(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> pl.DataFrame | str:
@@ -51,7 +58,8 @@ def pandera_cases(frame: pl.DataFrame, schema: pa.DataFrameSchema) -> pl.DataFra
         schema.validate(frame, lazy=True)
     except SchemaErrors as exc:
         return exc.failure_cases.group_by("column", "check", maintain_order=True).agg(
-            pl.len().alias("n"), pl.col("failure_case").first().cast(pl.String).alias("example"))
+            pl.len().alias("n"), pl.col("failure_case").first().cast(pl.String).alias("example")
+        )
     except SchemaError as exc:
         return f"{schema.name}: {' '.join(str(exc).split())[:200]}"
     return pl.DataFrame(schema={"column": pl.String, "check": pl.String, "n": pl.UInt32, "example": pl.String})
@@ -62,8 +70,9 @@ def render_cases(cases: list[pl.DataFrame | str], name: str) -> list[str]:
     lines = list(dict.fromkeys(c for c in cases if isinstance(c, str)))
     frames = [c.cast({"n": pl.UInt32}) for c in cases if isinstance(c, pl.DataFrame)]
     if frames:
-        merged = pl.concat(frames).group_by("column", "check", maintain_order=True).agg(
-            pl.col("n").sum(), pl.col("example").first())
+        merged = (
+            pl.concat(frames).group_by("column", "check", maintain_order=True).agg(pl.col("n").sum(), pl.col("example").first())
+        )
         lines += [f"{name}.{c}: {check} failed for {n} row(s), e.g. {ex}" for c, check, n, ex in merged.iter_rows()]
     return lines
 
@@ -85,7 +94,9 @@ class ItemScoreTally:
 
     def add(self, batch: pl.DataFrame, labels: list[str]) -> None:
         """Check one batch (row contract and numeric rules) and keep its ids for the global uniqueness check."""
-        self.cases.append(pandera_cases(batch.drop("embedding", strict=False), item_scores_schema(labels)))  # not a contract column
+        self.cases.append(
+            pandera_cases(batch.drop("embedding", strict=False), item_scores_schema(labels))
+        )  # not a contract column
         self.rows += batch.height
         self.ids.append(batch.get_column("item_id"))
         vectors = batch.get_column("embedding").to_numpy() if batch.height else np.zeros((0, 1), np.float32)
@@ -125,8 +136,11 @@ def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_i
     failures = pandera_failures(candidates, user_candidates_schema(k))
     seen = interactions.group_by("user_id").agg(pl.col("item_id").n_unique().alias("seen"))
     per_user = candidates.group_by("user_id").agg(
-        pl.len().alias("n"), pl.col("item_id").n_unique().alias("distinct"), pl.col("rank").n_unique().alias("ranks"),
-        pl.col("rank").min().alias("lo"), pl.col("rank").max().alias("hi"),
+        pl.len().alias("n"),
+        pl.col("item_id").n_unique().alias("distinct"),
+        pl.col("rank").n_unique().alias("ranks"),
+        pl.col("rank").min().alias("lo"),
+        pl.col("rank").max().alias("hi"),
     )
     joined = seen.join(per_user, on="user_id", how="left").with_columns(
         pl.min_horizontal(pl.lit(k), pl.lit(n_items) - pl.col("seen")).alias("want")

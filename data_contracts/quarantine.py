@@ -10,8 +10,9 @@ from nightscore.errors import InputUnreadable
 
 ROW = "__row"
 REQUIRED_COLUMNS = {"items": ["item_id", "body"], "interactions": ["user_id", "item_id", "event", "ts"]}
-QUARANTINE_SCHEMA = pl.Schema({"dataset": pl.String(), "row_key": pl.String(), "rule": pl.String(), "value": pl.String(),
-                               "reason": pl.String()})
+QUARANTINE_SCHEMA = pl.Schema(
+    {"dataset": pl.String(), "row_key": pl.String(), "rule": pl.String(), "value": pl.String(), "reason": pl.String()}
+)
 
 
 def empty_quarantine() -> pl.DataFrame:

@@ -31,14 +31,30 @@ class DeploymentSpec:
 def deployment_specs(settings: Settings) -> list[DeploymentSpec]:
     """Return the deployments nightscore registers: nightly, on-demand, backfill and train-ranker."""
     return [
-        DeploymentSpec("nightly", "flows.nightly.nightly", SCHEDULED_QUEUE, settings.nightly_cron,
-                       "Score the night's inputs and publish item_scores, user_candidates and the candidate cache."),
-        DeploymentSpec("on-demand", "flows.on_demand.on_demand", ON_DEMAND_QUEUE, None,
-                       "Score given inputs (or item ids) now; same tables and cache as nightly."),
-        DeploymentSpec("backfill", "flows.backfill.backfill", SCHEDULED_QUEUE, None,
-                       "One nightly child run per run_date of a range."),
-        DeploymentSpec("train-ranker", "flows.train_ranker.train_ranker", SCHEDULED_QUEUE, settings.train_ranker_cron,
-                       "Train the online ranker on the latest published run (weekly)."),
+        DeploymentSpec(
+            "nightly",
+            "flows.nightly.nightly",
+            SCHEDULED_QUEUE,
+            settings.nightly_cron,
+            "Score the night's inputs and publish item_scores, user_candidates and the candidate cache.",
+        ),
+        DeploymentSpec(
+            "on-demand",
+            "flows.on_demand.on_demand",
+            ON_DEMAND_QUEUE,
+            None,
+            "Score given inputs (or item ids) now; same tables and cache as nightly.",
+        ),
+        DeploymentSpec(
+            "backfill", "flows.backfill.backfill", SCHEDULED_QUEUE, None, "One nightly child run per run_date of a range."
+        ),
+        DeploymentSpec(
+            "train-ranker",
+            "flows.train_ranker.train_ranker",
+            SCHEDULED_QUEUE,
+            settings.train_ranker_cron,
+            "Train the online ranker on the latest published run (weekly).",
+        ),
     ]
 
 

@@ -39,8 +39,9 @@ def ensure_work_pool(pool: str, concurrency: int | None = None) -> None:
     """Create the process work pool and its queues (on-demand before scheduled) if missing; set its concurrency limit."""
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process", description="nightscore runs",
-                                                   concurrency_limit=concurrency))
+            client.create_work_pool(
+                WorkPoolCreate(name=pool, type="process", description="nightscore runs", concurrency_limit=concurrency)
+            )
         except ObjectAlreadyExists:
             # None is "leave unchanged" to the API; clearing a limit is `prefect work-pool clear-concurrency-limit`
             client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=concurrency))
@@ -83,8 +84,13 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
     flow = getattr(importlib.import_module(module), attr)
     schedules = [Cron(spec.cron, timezone=settings.schedule_timezone)] if spec.cron else []
     deployment = flow.to_deployment(
-        name=spec.name, schedules=schedules, description=spec.description, tags=["nightscore"],
-        work_pool_name=settings.work_pool, work_queue_name=spec.queue, enforce_parameter_schema=True,
+        name=spec.name,
+        schedules=schedules,
+        description=spec.description,
+        tags=["nightscore"],
+        work_pool_name=settings.work_pool,
+        work_queue_name=spec.queue,
+        enforce_parameter_schema=True,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     deployment_id = deployment.apply(work_pool_name=settings.work_pool)

@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from nightscore.errors import StackError
 from nightscore.settings import Settings, child_environment
@@ -59,8 +60,9 @@ def _wait(check: Callable[[], bool], proc: subprocess.Popen, what: str, log_file
 def _start(args: list[str], env: dict[str, str], log_file: Path) -> subprocess.Popen:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:  # the child keeps its own handle
-        return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
 
 def server_env(settings: Settings, host: str) -> dict[str, str]:
@@ -69,10 +71,16 @@ def server_env(settings: Settings, host: str) -> dict[str, str]:
     The UI finds the API through PREFECT_UI_API_URL, which Prefect derives from PREFECT_SERVER_API_PORT,
     not from `--port`: without it a UI on another port than 4200 cannot reach its own API.
     """
-    env = child_environment(settings, {
-        "PREFECT_HOME": str(Path(settings.home).resolve() / "prefect"), "PREFECT_UI_ENABLED": "true",
-        "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
-        "PREFECT_UI_API_URL": f"http://{host}:{settings.prefect_port}/api"})
+    env = child_environment(
+        settings,
+        {
+            "PREFECT_HOME": str(Path(settings.home).resolve() / "prefect"),
+            "PREFECT_UI_ENABLED": "true",
+            "PREFECT_SERVER_API_HOST": host,
+            "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
+            "PREFECT_UI_API_URL": f"http://{host}:{settings.prefect_port}/api",
+        },
+    )
     env.pop("PREFECT_API_URL", None)
     return env
 
@@ -107,8 +115,11 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
     api_url = f"{base}/api"
     if healthy(api_url, _auth()):
         raise StackError(f"something already answers at {api_url}: set NIGHTSCORE_PREFECT_PORT or stop it")
-    server = _start([_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.prefect_port)],
-                    server_env(settings, host), home / "logs" / "prefect-server.log")
+    server = _start(
+        [_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.prefect_port)],
+        server_env(settings, host),
+        home / "logs" / "prefect-server.log",
+    )
     state = {"server_pid": server.pid, "api_url": api_url, "ui_url": base, "home": str(home)}
     _save(home, state)
     _wait(lambda: healthy(api_url, _auth()), server, "Prefect server", home / "logs" / "prefect-server.log", timeout_s)
@@ -118,11 +129,16 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         state["deployments"] = {name: str(i) for name, i in deploy_all(settings).items()}
-        worker = _start([_bin("prefect"), "worker", "start", "--pool", settings.work_pool, "--type", "process"],
-                        worker_env(settings, api_url), home / "logs" / "prefect-worker.log")
+        worker = _start(
+            [_bin("prefect"), "worker", "start", "--pool", settings.work_pool, "--type", "process"],
+            worker_env(settings, api_url),
+            home / "logs" / "prefect-worker.log",
+        )
         state["worker_pid"] = worker.pid
         _save(home, state)
-        _wait(lambda: worker_online(settings.work_pool), worker, "Prefect worker", home / "logs" / "prefect-worker.log", timeout_s)
+        _wait(
+            lambda: worker_online(settings.work_pool), worker, "Prefect worker", home / "logs" / "prefect-worker.log", timeout_s
+        )
     return state
 
 

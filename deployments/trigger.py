@@ -46,8 +46,9 @@ def existing_run(deployment: str, idempotency_key: str) -> dict[str, Any] | None
 
     with get_client(sync_client=True) as client:
         same_key = FlowRunFilter(idempotency_key=FlowRunFilterIdempotencyKey(any_=[idempotency_key]))
-        runs = client.read_flow_runs(flow_run_filter=same_key, limit=1,
-                                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])))
+        runs = client.read_flow_runs(
+            flow_run_filter=same_key, limit=1, deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment]))
+        )
     if not runs:
         return None
     return {"flow_run_id": str(runs[0].id), "state": runs[0].state_name, "created": runs[0].created}
@@ -60,8 +61,12 @@ def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[st
     from prefect.exceptions import ObjectNotFound
 
     try:
-        flow_run = run_deployment(deployment_ref(deployment), parameters={"params": params.model_dump(mode="json")},
-                                  idempotency_key=idempotency_key, timeout=0)
+        flow_run = run_deployment(
+            deployment_ref(deployment),
+            parameters={"params": params.model_dump(mode="json")},
+            idempotency_key=idempotency_key,
+            timeout=0,
+        )
     except ObjectNotFound as exc:
         raise UsageError(f"no deployment {deployment_ref(deployment)} on this Prefect server: run `nightscore deploy`") from exc
     assert isinstance(flow_run, FlowRun)  # a sync call returns the run, never a coroutine
@@ -84,9 +89,15 @@ def flow_run_state(flow_run_id: str) -> dict[str, Any]:
         except ObjectNotFound as exc:
             raise UsageError(f"no flow run {flow_run_id} on this Prefect server") from exc
     state = flow_run.state
-    return {"flow_run_id": flow_run_id, "name": flow_run.name, "state": state.type.value if state else None,
-            "state_name": state.name if state else None, "message": state.message if state else None,
-            "start_time": flow_run.start_time, "end_time": flow_run.end_time}
+    return {
+        "flow_run_id": flow_run_id,
+        "name": flow_run.name,
+        "state": state.type.value if state else None,
+        "state_name": state.name if state else None,
+        "message": state.message if state else None,
+        "start_time": flow_run.start_time,
+        "end_time": flow_run.end_time,
+    }
 
 
 def wait_for_run(flow_run_id: str, timeout_s: float, poll_s: float = 2.0) -> dict[str, Any]:
@@ -108,6 +119,8 @@ def run_counts(warehouse: Warehouse, flow_run_id: str) -> dict[str, Any] | None:
     result = warehouse.query(
         "SELECT run_id, status, rows_in, rows_quarantined, rows_scored, rows_computed, rows_reused, "
         "users_with_candidates, round(wall_seconds, 1) AS wall_s FROM scoring_runs WHERE flow_run_id = ? "
-        "ORDER BY started_at DESC LIMIT 1", [flow_run_id])
+        "ORDER BY started_at DESC LIMIT 1",
+        [flow_run_id],
+    )
     records = result.records()
     return records[0] if records else None

@@ -79,8 +79,13 @@ class Trial:
 
     def as_dict(self) -> dict[str, object]:
         """Return the trial as a row of the calibration table."""
-        return {"mode": self.mode.label, "floor": self.floor, "tokens_per_s": round(self.tokens_per_s, 1),
-                "fidelity": self.fidelity.as_dict() if self.fidelity else None, "note": self.note}
+        return {
+            "mode": self.mode.label,
+            "floor": self.floor,
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "fidelity": self.fidelity.as_dict() if self.fidelity else None,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,16 +102,20 @@ class Calibration:
 
     def summary(self) -> dict[str, object]:
         """Return the calibration's fields for run records and artifacts."""
-        return {"calibration_device_kind": self.device_kind, "calibration_tokens_per_s": round(self.tokens_per_s, 1),
-                "calibration_seconds": round(self.seconds, 2), "calibration_from_cache": self.from_cache,
-                "calibration_candidates": self.table}
+        return {
+            "calibration_device_kind": self.device_kind,
+            "calibration_tokens_per_s": round(self.tokens_per_s, 1),
+            "calibration_seconds": round(self.seconds, 2),
+            "calibration_from_cache": self.from_cache,
+            "calibration_candidates": self.table,
+        }
 
 
 def device_kind(device: torch.device, threads: int) -> str:
     """Return a file-safe name of the kind of machine: GPU name, or CPU model + relevant flags + threads."""
     if device.type == "cuda":
         return _slug(f"cuda-{torch.cuda.get_device_name(device)}")
-    model, flags = "cpu", set()
+    model, flags = "cpu", set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():
@@ -122,7 +131,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:160]
 
 
-def candidates(spec: "EncoderSpec", device: torch.device) -> list[tuple[str, str]]:
+def candidates(spec: EncoderSpec, device: torch.device) -> list[tuple[str, str]]:
     """Return the (backend, precision) pairs auto considers: the spec's pins, the rest open."""
     precisions = CUDA_PRECISIONS if device.type == "cuda" else CPU_PRECISIONS
     backends = [spec.backend] if spec.backend != "auto" else list(BACKENDS)
@@ -130,14 +139,14 @@ def candidates(spec: "EncoderSpec", device: torch.device) -> list[tuple[str, str
     return [(b, p) for b in backends for p in chosen]
 
 
-def budgets(spec: "EncoderSpec", device: torch.device) -> tuple[int, ...]:
+def budgets(spec: EncoderSpec, device: torch.device) -> tuple[int, ...]:
     """Return the token budgets auto tries: the spec's pinned one, its list, or the device's."""
     if spec.token_budget:
         return (spec.token_budget,)
     return tuple(spec.calibration_budgets or (CUDA_BUDGETS if device.type == "cuda" else CPU_BUDGETS))
 
 
-def calibration_key(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int) -> dict[str, object]:
+def calibration_key(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict[str, object]:
     """Return everything a persisted choice depends on; a stored choice with another key is measured again."""
     try:
         import openvino
@@ -145,19 +154,27 @@ def calibration_key(spec: "EncoderSpec", info: ModelInfo, device: torch.device, 
         ov_version = openvino.__version__
     except ImportError:
         ov_version = "none"
-    return {"format": FORMAT, "device_kind": device_kind(device, threads), "model": info.version,
-            "max_seq_length": info.max_seq_length, "float_floor": spec.float_floor, "int8_floor": spec.int8_floor,
-            "candidates": [list(c) for c in candidates(spec, device)], "budgets": list(budgets(spec, device)),
-            "torch": torch.__version__, "openvino": ov_version}
+    return {
+        "format": FORMAT,
+        "device_kind": device_kind(device, threads),
+        "model": info.version,
+        "max_seq_length": info.max_seq_length,
+        "float_floor": spec.float_floor,
+        "int8_floor": spec.int8_floor,
+        "candidates": [list(c) for c in candidates(spec, device)],
+        "budgets": list(budgets(spec, device)),
+        "torch": torch.__version__,
+        "openvino": ov_version,
+    }
 
 
-def calibration_file(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int) -> Path:
+def calibration_file(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Path:
     """Return where the choice for this model on this kind of machine is persisted."""
     assert spec.cache_dir is not None
     return Path(spec.cache_dir) / "calibration" / device_kind(device, threads) / f"{_slug(info.version)}.json"
 
 
-def _read_persisted(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int) -> dict | None:
+def _read_persisted(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict | None:
     file = calibration_file(spec, info, device, threads)
     if not file.is_file():
         return None
@@ -172,23 +189,31 @@ def _read_persisted(spec: "EncoderSpec", info: ModelInfo, device: torch.device, 
     return stored
 
 
-def persisted_mode(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int) -> Mode | None:
+def persisted_mode(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Mode | None:
     """Return the persisted choice for this spec on this kind of machine, or None when there is none (or stale)."""
     stored = _read_persisted(spec, info, device, threads)
     return Mode(**stored["mode"]) if stored else None
 
 
-def persisted_summary(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int) -> dict[str, object] | None:
+def persisted_summary(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict[str, object] | None:
     """Return the persisted calibration's summary fields (as Calibration.summary, from_cache True), or None."""
     stored = _read_persisted(spec, info, device, threads)
     if stored is None:
         return None
-    return Calibration(Mode(**stored["mode"]), Fidelity(**stored["fidelity"]), stored["tokens_per_s"],
-                       stored["key"]["device_kind"], float(stored.get("seconds", 0.0)), True, stored["table"]).summary()
+    return Calibration(
+        Mode(**stored["mode"]),
+        Fidelity(**stored["fidelity"]),
+        stored["tokens_per_s"],
+        stored["key"]["device_kind"],
+        float(stored.get("seconds", 0.0)),
+        True,
+        stored["table"],
+    ).summary()
 
 
-def calibrate_or_load(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Module, tokenizer: "Tokenizer",
-                      device: torch.device, threads: int) -> "TextEncoder":
+def calibrate_or_load(
+    spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer, device: torch.device, threads: int
+) -> TextEncoder:
     """Return the encoder in the mode auto chooses: the persisted one when valid, else measured now and persisted."""
     from models.encoder import TextEncoder, _request
 
@@ -197,8 +222,9 @@ def calibrate_or_load(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Mod
         mode = Mode(**stored["mode"])
         backend = load_backend(mode.backend, _request(spec, info, module, mode.precision, device, threads, tokenizer))
         backend.length_multiple = mode.length_multiple
-        calibration = Calibration(mode, Fidelity(**stored["fidelity"]), stored["tokens_per_s"], stored["key"]["device_kind"],
-                                  0.0, True, stored["table"])
+        calibration = Calibration(
+            mode, Fidelity(**stored["fidelity"]), stored["tokens_per_s"], stored["key"]["device_kind"], 0.0, True, stored["table"]
+        )
         log.info("auto: %s from the persisted calibration (%s)", mode.label, calibration_file(spec, info, device, threads))
     else:
         backend, calibration = run_calibration(spec, info, module, tokenizer, device, threads)
@@ -208,19 +234,25 @@ def calibrate_or_load(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Mod
     return encoder
 
 
-def _persist(spec: "EncoderSpec", info: ModelInfo, device: torch.device, threads: int, calibration: Calibration) -> None:
+def _persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int, calibration: Calibration) -> None:
     """Write the choice atomically (temporary name, then rename)."""
     file = calibration_file(spec, info, device, threads)
     file.parent.mkdir(parents=True, exist_ok=True)
-    body = {"key": calibration_key(spec, info, device, threads), "mode": asdict(calibration.mode),
-            "fidelity": asdict(calibration.fidelity), "tokens_per_s": calibration.tokens_per_s,
-            "seconds": calibration.seconds, "table": calibration.table, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    body = {
+        "key": calibration_key(spec, info, device, threads),
+        "mode": asdict(calibration.mode),
+        "fidelity": asdict(calibration.fidelity),
+        "tokens_per_s": calibration.tokens_per_s,
+        "seconds": calibration.seconds,
+        "table": calibration.table,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     staging = file.with_name(f"{file.name}.tmp-{time.time_ns()}")
     staging.write_text(json.dumps(body, indent=2))
     staging.replace(file)
 
 
-def calibration_texts(tokenizer: "Tokenizer", max_length: int, tokens: int, seed: int = 0) -> list[str]:
+def calibration_texts(tokenizer: Tokenizer, max_length: int, tokens: int, seed: int = 0) -> list[str]:
     """Return a deterministic corpus of about `tokens` tokens whose lengths spread log-uniformly up to max_length."""
     rng = np.random.default_rng(seed)
     words = " ".join(PROBE_TEXTS[:8] + PROBE_TEXTS[11:14]).split()
@@ -243,8 +275,9 @@ def choose(ok: list[Trial]) -> Trial:
     return min(tied, key=lambda t: (t.mode.length_multiple != 1, t.mode.precision == "int8", -t.tokens_per_s))
 
 
-def run_calibration(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Module, tokenizer: "Tokenizer",
-                    device: torch.device, threads: int) -> tuple[Backend, Calibration]:
+def run_calibration(
+    spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer, device: torch.device, threads: int
+) -> tuple[Backend, Calibration]:
     """Return (the winner's loaded backend, the calibration) after measuring every candidate here."""
     from models.encoder import TextEncoder, _request
 
@@ -252,8 +285,9 @@ def run_calibration(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Modul
     tried = budgets(spec, device)
     default = tried[len(tried) // 2]
     corpus = calibration_texts(tokenizer, info.max_seq_length, 2 * max(tried))
-    reference = TextEncoder(info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)),
-                            device, default)
+    reference = TextEncoder(
+        info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)), device, default
+    )
     expected = _vectors(reference, corpus)
     loaded: dict[tuple[str, str], TextEncoder] = {}
     trials: list[Trial] = []
@@ -278,15 +312,36 @@ def run_calibration(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Modul
     winner = loaded[(best.mode.backend, best.mode.precision)]
     winner.backend.length_multiple = best.mode.length_multiple
     assert best.fidelity is not None
-    calibration = Calibration(best.mode, best.fidelity, best.tokens_per_s, device_kind(device, threads),
-                              time.perf_counter() - started, False, [t.as_dict() for t in trials])
-    log.info("auto: chose %s at %.0f real tokens/s, min cosine %.5f (calibrated in %.1fs over %d trials)",
-             best.mode.label, best.tokens_per_s, best.fidelity.min, calibration.seconds, len(trials))
+    calibration = Calibration(
+        best.mode,
+        best.fidelity,
+        best.tokens_per_s,
+        device_kind(device, threads),
+        time.perf_counter() - started,
+        False,
+        [t.as_dict() for t in trials],
+    )
+    log.info(
+        "auto: chose %s at %.0f real tokens/s, min cosine %.5f (calibrated in %.1fs over %d trials)",
+        best.mode.label,
+        best.tokens_per_s,
+        best.fidelity.min,
+        calibration.seconds,
+        len(trials),
+    )
     return winner.backend, calibration
 
 
-def _try_load(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Module, tokenizer: "Tokenizer",
-              device: torch.device, threads: int, trial: Trial, reference: "TextEncoder") -> "TextEncoder | None":
+def _try_load(
+    spec: EncoderSpec,
+    info: ModelInfo,
+    module: torch.nn.Module,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    threads: int,
+    trial: Trial,
+    reference: TextEncoder,
+) -> TextEncoder | None:
     """Return the candidate's encoder (the reference itself for torch fp32), or None with the reason noted."""
     from models.encoder import TextEncoder, _request
 
@@ -305,13 +360,13 @@ def _try_load(spec: "EncoderSpec", info: ModelInfo, module: torch.nn.Module, tok
     return TextEncoder(info, tokenizer, backend, device, mode.token_budget)
 
 
-def _vectors(encoder: "TextEncoder", corpus: list[str]) -> np.ndarray:
+def _vectors(encoder: TextEncoder, corpus: list[str]) -> np.ndarray:
     from models.engine import encode_texts
 
     return encode_texts(encoder, corpus, encoder.token_budget)[0]
 
 
-def _combined_fidelity(reference: "TextEncoder", encoder: "TextEncoder", expected: np.ndarray, corpus: list[str]) -> Fidelity:
+def _combined_fidelity(reference: TextEncoder, encoder: TextEncoder, expected: np.ndarray, corpus: list[str]) -> Fidelity:
     """Return fidelity over the probe texts (one per batch) and the corpus (planned batches) together."""
     from models.encoder import probe_fidelity
 
@@ -320,7 +375,7 @@ def _combined_fidelity(reference: "TextEncoder", encoder: "TextEncoder", expecte
     return Fidelity(min(probes.min, planned.min), min(probes.p1, planned.p1), (probes.mean + planned.mean) / 2)
 
 
-def _throughput(encoder: "TextEncoder", corpus: list[str], mode: Mode) -> float:
+def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> float:
     """Return real tokens/s of one pass of the corpus through the engine in mode."""
     from models.engine import encode_texts
 
@@ -332,8 +387,9 @@ def _throughput(encoder: "TextEncoder", corpus: list[str], mode: Mode) -> float:
     return stats.real_tokens / max(stats.seconds, 1e-9)
 
 
-def _time_trials(trials: list[Trial], loaded: dict[tuple[str, str], "TextEncoder"], corpus: list[str],
-                 reference: "TextEncoder") -> None:
+def _time_trials(
+    trials: list[Trial], loaded: dict[tuple[str, str], TextEncoder], corpus: list[str], reference: TextEncoder
+) -> None:
     """Set each trial's best-of-REPEATS throughput, modes interleaved so that machine noise hits all alike."""
     for repeat in range(REPEATS):
         for trial in trials:
@@ -348,8 +404,13 @@ def _time_trials(trials: list[Trial], loaded: dict[tuple[str, str], "TextEncoder
                     trial.note = "dropped after one pass (under a third of the best)"
 
 
-def _sweep(finalists: list[Trial], loaded: dict[tuple[str, str], "TextEncoder"], corpus: list[str],
-           tried: tuple[int, ...], reference: "TextEncoder") -> list[Trial]:
+def _sweep(
+    finalists: list[Trial],
+    loaded: dict[tuple[str, str], TextEncoder],
+    corpus: list[str],
+    tried: tuple[int, ...],
+    reference: TextEncoder,
+) -> list[Trial]:
     """Return trials of the finalists at the other budgets (and length multiples where shapes matter to the runtime).
 
     The finalists are timed again in the same interleaved passes, so the comparison is made in one noise window.

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
@@ -38,8 +38,7 @@ from models.evaluation import Split, metric_rows, metrics_of, time_split
 from models.fusion import Fused, FusionParams, TuningGrid, select_slots, tune_fusion, whole_union
 from models.ranker_features import FeatureContext, candidate_features, feature_context, feature_names
 from models.ranker_models import Scorer
-from models.ranker_training import choose_scorer, labelled_rows, rerank, train_lambdarank, train_mlp
-from models.ranker_training import RankerParams
+from models.ranker_training import RankerParams, choose_scorer, labelled_rows, rerank, train_lambdarank, train_mlp
 from models.retrieval import ItemChunks
 from models.sources.als import AlsParams, fit_als
 from models.sources.base import Catalogue, EncodedLog, History, Lists, Source, history_of, item_counts
@@ -90,24 +89,30 @@ class Timings:
 
 def as_datetime(epoch_us: int) -> datetime:
     """Return epoch microseconds as an aware UTC datetime."""
-    return datetime.fromtimestamp(epoch_us / 1e6, tz=timezone.utc)
+    return datetime.fromtimestamp(epoch_us / 1e6, tz=UTC)
 
 
 def _device(config: CandidateConfig) -> torch.device:
     return torch.device("cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def fit_sources(history: History, catalogue: Catalogue, items: ItemChunks | None, config: CandidateConfig,
-                timings: Timings | None = None) -> list[Source]:
+def fit_sources(
+    history: History, catalogue: Catalogue, items: ItemChunks | None, config: CandidateConfig, timings: Timings | None = None
+) -> list[Source]:
     """Return the configured sources fitted on a History (content only when embeddings are given)."""
     timings = timings or Timings()
-    fits = {"cooccurrence": lambda: fit_cooccurrence(history, config.cooccurrence),
-            "als": lambda: fit_als(history, replace(config.als, seed=config.seed, use_gpu=config.device != "cpu")),
-            "content": lambda: fit_content(items, history, catalogue.created_us, config.max_new_items, _device(config),
-                                           config.content_chunk) if items else None,
-            "trending": lambda: fit_trending(history, config.popularity),
-            "topic_trending": lambda: fit_topic_trending(history, catalogue, config.popularity)}
-    sources = []
+    fits: dict[str, Callable[[], Source | None]] = {
+        "cooccurrence": lambda: fit_cooccurrence(history, config.cooccurrence),
+        "als": lambda: fit_als(history, replace(config.als, seed=config.seed, use_gpu=config.device != "cpu")),
+        "content": lambda: (
+            fit_content(items, history, catalogue.created_us, config.max_new_items, _device(config), config.content_chunk)
+            if items
+            else None
+        ),
+        "trending": lambda: fit_trending(history, config.popularity),
+        "topic_trending": lambda: fit_topic_trending(history, catalogue, config.popularity),
+    }
+    sources: list[Source] = []
     for name in config.sources:
         started = time.perf_counter()
         source = fits[name]()
@@ -134,12 +139,16 @@ def sample_split(split: Split, max_users: int, seed: int) -> Split:
         return split
     users = np.sort(np.random.default_rng(seed).choice(split.users, size=max_users, replace=False))
     keep = np.isin(split.relevant_users, users)
-    return replace(split, users=users, relevant_users=split.relevant_users[keep],
-                   relevant_items=split.relevant_items[keep], cold=split.cold[keep])
+    return replace(
+        split,
+        users=users,
+        relevant_users=split.relevant_users[keep],
+        relevant_items=split.relevant_items[keep],
+        cold=split.cold[keep],
+    )
 
 
-def _history(log_: EncodedLog, catalogue: Catalogue, mask: np.ndarray | None, now: datetime,
-             config: CandidateConfig) -> History:
+def _history(log_: EncodedLog, catalogue: Catalogue, mask: np.ndarray | None, now: datetime, config: CandidateConfig) -> History:
     return history_of(log_, catalogue, mask, now, config.event_weights, config.half_life_days)
 
 
@@ -154,15 +163,17 @@ class Tuned:
     validation_users: int
 
 
-def union_features(lists: Mapping[str, Lists], fusion: FusionParams, context: FeatureContext,
-                   users: np.ndarray) -> tuple[Fused, np.ndarray]:
+def union_features(
+    lists: Mapping[str, Lists], fusion: FusionParams, context: FeatureContext, users: np.ndarray
+) -> tuple[Fused, np.ndarray]:
     """Return every user's whole union (RRF order) and its candidate_features rows."""
     union = whole_union(lists, fusion)
     return union, candidate_features(union, users, context)
 
 
-def choose_candidates(union: Fused, features: np.ndarray, first_stage: Scorer | None, is_new: np.ndarray,
-                      fusion: FusionParams) -> tuple[Fused, np.ndarray]:
+def choose_candidates(
+    union: Fused, features: np.ndarray, first_stage: Scorer | None, is_new: np.ndarray, fusion: FusionParams
+) -> tuple[Fused, np.ndarray]:
     """Return the K candidates per user (by the first-stage score, or RRF without one) and their feature rows."""
     scores = union.rrf.astype(np.float32)
     if first_stage is not None:
@@ -175,8 +186,14 @@ def choose_candidates(union: Fused, features: np.ndarray, first_stage: Scorer | 
     return union.take(slots, scores), rows
 
 
-def first_stage_candidates(lists: Mapping[str, Lists], fusion: FusionParams, first_stage: Scorer | None,
-                           context: FeatureContext, users: np.ndarray, is_new: np.ndarray) -> tuple[Fused, np.ndarray]:
+def first_stage_candidates(
+    lists: Mapping[str, Lists],
+    fusion: FusionParams,
+    first_stage: Scorer | None,
+    context: FeatureContext,
+    users: np.ndarray,
+    is_new: np.ndarray,
+) -> tuple[Fused, np.ndarray]:
     """Return the published candidates of the users and their feature rows: ONE path for training and serving."""
     union, features = union_features(lists, fusion, context, users)
     return choose_candidates(union, features, first_stage, is_new, fusion)
@@ -190,19 +207,25 @@ def subset_split(split: Split, positions: np.ndarray) -> Split:
     """Return the split restricted to the users at the given ascending positions of split.users."""
     users = split.users[positions]
     keep = np.isin(split.relevant_users, users)
-    return replace(split, users=users, relevant_users=split.relevant_users[keep],
-                   relevant_items=split.relevant_items[keep], cold=split.cold[keep])
+    return replace(
+        split,
+        users=users,
+        relevant_users=split.relevant_users[keep],
+        relevant_items=split.relevant_items[keep],
+        cold=split.cold[keep],
+    )
 
 
-def _first_stage(union: Fused, features: np.ndarray, validation: Split, is_new: np.ndarray, fusion: FusionParams,
-                 config: CandidateConfig) -> Scorer | None:
+def _first_stage(
+    union: Fused, features: np.ndarray, validation: Split, is_new: np.ndarray, fusion: FusionParams, config: CandidateConfig
+) -> Scorer | None:
     """Return the first-stage model, or None when it does not beat RRF selection on held-aside validation users.
 
     The model trains on a seeded (1 - check_share) of the validation users; both selections are compared
     on recall@K over the others, which the model never saw.
     """
     n = len(validation.users)
-    check = np.sort(np.random.default_rng(config.seed).permutation(n)[: int(round(n * config.first_stage_check_share))])
+    check = np.sort(np.random.default_rng(config.seed).permutation(n)[: round(n * config.first_stage_check_share)])
     train = np.setdiff1d(np.arange(n), check)
     rows = labelled_rows(union.rows[train], validation.users[train], features[train], validation)
     if len(check) == 0 or not rows.y.any():
@@ -210,21 +233,30 @@ def _first_stage(union: Fused, features: np.ndarray, validation: Split, is_new: 
     model = train_lambdarank(rows, feature_names(union.names), config.ranker)
     held = subset_split(validation, check)
     part = union.users_at(check)
-    recall = {name: metrics_of(choose_candidates(part, features[check], scorer, is_new, fusion)[0].rows, held,
-                               len(is_new), fusion.k)["recall_at_k"] for name, scorer in (("rrf", None), ("model", model))}
-    log.info("first stage on %d held-aside validation users: recall@K %.4f vs RRF %.4f", len(check),
-             recall["model"], recall["rrf"])
+    recall = {
+        name: metrics_of(choose_candidates(part, features[check], scorer, is_new, fusion)[0].rows, held, len(is_new), fusion.k)[
+            "recall_at_k"
+        ]
+        for name, scorer in (("rrf", None), ("model", model))
+    }
+    log.info(
+        "first stage on %d held-aside validation users: recall@K %.4f vs RRF %.4f", len(check), recall["model"], recall["rrf"]
+    )
     return model if recall["model"] > recall["rrf"] else None
 
 
-def tune(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
-         evaluation: Split, timings: Timings | None = None) -> Tuned:
+def tune(
+    catalogue: Catalogue,
+    log_: EncodedLog,
+    items: ItemChunks | None,
+    config: CandidateConfig,
+    evaluation: Split,
+    timings: Timings | None = None,
+) -> Tuned:
     """Return the fusion tuned and the models trained on a validation split inside evaluation.train."""
-    validation = sample_split(time_split(log_, config.holdout_share, within=evaluation.train),
-                              config.max_tune_users, config.seed)
+    validation = sample_split(time_split(log_, config.holdout_share, within=evaluation.train), config.max_tune_users, config.seed)
     history = _history(log_, catalogue, validation.train, as_datetime(validation.cutoff_us), config)
-    lists = source_lists(fit_sources(history, catalogue, items, config, timings), validation.users,
-                         config.per_source, timings)
+    lists = source_lists(fit_sources(history, catalogue, items, config, timings), validation.users, config.per_source, timings)
     started, is_new = time.perf_counter(), item_counts(history) == 0
     fusion, metrics = tune_fusion(lists, validation, is_new, catalogue.n_items, config.k, config.grid)
     union, features = union_features(lists, fusion, _context(history, catalogue, config), validation.users)
@@ -232,8 +264,11 @@ def tune(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, confi
     fused, fused_features = choose_candidates(union, features, first, is_new, fusion)
     rows = labelled_rows(fused.rows, validation.users, fused_features, validation)
     names = feature_names(fused.names)
-    scorers: dict[str, Scorer] = {"lightgbm": train_lambdarank(rows, names, config.ranker),
-                                  "mlp": train_mlp(rows, names, config.ranker)} if rows.y.any() else {}
+    scorers: dict[str, Scorer] = (
+        {"lightgbm": train_lambdarank(rows, names, config.ranker), "mlp": train_mlp(rows, names, config.ranker)}
+        if rows.y.any()
+        else {}
+    )
     if timings:
         timings.add("tuning", started)
     return Tuned(fusion, metrics, first, scorers, len(validation.users))
@@ -250,12 +285,26 @@ class Report:
 
 def _split_rows(split: Split) -> pl.DataFrame:
     """Return the split's own figures as retrieval_metrics rows of method 'split'."""
-    return metric_rows("split", {"users_evaluated": len(split.users), "users_without_history": split.users_without_history,
-                                 "relevant_pairs": len(split.relevant_users), "cold_pairs": int(split.cold.sum())})
+    return metric_rows(
+        "split",
+        {
+            "users_evaluated": len(split.users),
+            "users_without_history": split.users_without_history,
+            "relevant_pairs": len(split.relevant_users),
+            "cold_pairs": int(split.cold.sum()),
+        },
+    )
 
 
-def evaluate(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
-             evaluation: Split, tuned: Tuned, timings: Timings | None = None) -> Report:
+def evaluate(
+    catalogue: Catalogue,
+    log_: EncodedLog,
+    items: ItemChunks | None,
+    config: CandidateConfig,
+    evaluation: Split,
+    tuned: Tuned,
+    timings: Timings | None = None,
+) -> Report:
     """Return every list's held-out metrics, the fused (RRF and first-stage) and ranked ones, and the scorer to publish.
 
     Methods: each source list, popularity (the baseline), fused_rrf (RRF selection), fused (the first
@@ -271,10 +320,14 @@ def evaluate(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, c
     union, features = union_features(lists, tuned.fusion, _context(history, catalogue, config), split.users)
     rrf, _ = choose_candidates(union, features, None, is_new, tuned.fusion)
     fused, fused_features = choose_candidates(union, features, tuned.first_stage, is_new, tuned.fusion)
-    frames += [metric_rows("fused_rrf", metrics_of(rrf.rows, split, catalogue.n_items, config.k)),
-               metric_rows("fused", metrics_of(fused.rows, split, catalogue.n_items, config.k))]
-    ranked = {kind: metrics_of(rerank(fused.rows, fused_features, scorer), split, catalogue.n_items, config.k)
-              for kind, scorer in sorted(tuned.scorers.items())}
+    frames += [
+        metric_rows("fused_rrf", metrics_of(rrf.rows, split, catalogue.n_items, config.k)),
+        metric_rows("fused", metrics_of(fused.rows, split, catalogue.n_items, config.k)),
+    ]
+    ranked = {
+        kind: metrics_of(rerank(fused.rows, fused_features, scorer), split, catalogue.n_items, config.k)
+        for kind, scorer in sorted(tuned.scorers.items())
+    }
     frames += [metric_rows(f"ranked_{kind}", metrics) for kind, metrics in ranked.items()]
     chosen, refit = _refit(ranked, fused, fused_features, split, config)
     if chosen:
@@ -282,8 +335,9 @@ def evaluate(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, c
     return Report(pl.concat([*frames, _split_rows(split)]), chosen or "none", refit)
 
 
-def _refit(ranked: dict[str, dict[str, float]], fused: Fused, features: np.ndarray, split: Split,
-           config: CandidateConfig) -> tuple[str | None, Scorer | None]:
+def _refit(
+    ranked: dict[str, dict[str, float]], fused: Fused, features: np.ndarray, split: Split, config: CandidateConfig
+) -> tuple[str | None, Scorer | None]:
     """Return the kind with the better held-out NDCG@10 and that kind refitted on this split's rows."""
     rows = labelled_rows(fused.rows, split.users, features, split)
     if not ranked or not rows.y.any():
@@ -309,13 +363,22 @@ class Final:
     config: CandidateConfig
 
 
-def fit_final(catalogue: Catalogue, log_: EncodedLog, items: ItemChunks | None, config: CandidateConfig,
-              now: datetime, tuned: Tuned, scorer: Scorer | None, timings: Timings | None = None) -> Final:
+def fit_final(
+    catalogue: Catalogue,
+    log_: EncodedLog,
+    items: ItemChunks | None,
+    config: CandidateConfig,
+    now: datetime,
+    tuned: Tuned,
+    scorer: Scorer | None,
+    timings: Timings | None = None,
+) -> Final:
     """Return the sources fitted on all of the run's interactions, as of now, with the tuned fusion and models."""
     history = _history(log_, catalogue, None, now, config)
     sources = fit_sources(history, catalogue, items, config, timings)
-    return Final(sources, tuned.fusion, tuned.first_stage, history, catalogue, _context(history, catalogue, config),
-                 scorer, config)
+    return Final(
+        sources, tuned.fusion, tuned.first_stage, history, catalogue, _context(history, catalogue, config), scorer, config
+    )
 
 
 @dataclass(frozen=True)
@@ -343,10 +406,13 @@ def candidates_frame(fused: Fused, users: np.ndarray, catalogue: Catalogue) -> p
     present = ranks > 0
     names = np.array(fused.names)
     columns: dict[str, object] = {
-        "user_id": catalogue.user_ids.gather(users[local]), "rank": (slot + 1).astype(np.int32),
-        "item_id": catalogue.item_ids.gather(fused.rows[local, slot]), "score": fused.scores[local, slot].astype(np.float64),
+        "user_id": catalogue.user_ids.gather(users[local]),
+        "rank": (slot + 1).astype(np.int32),
+        "item_id": catalogue.item_ids.gather(fused.rows[local, slot]),
+        "score": fused.scores[local, slot].astype(np.float64),
         "rrf_score": fused.rrf[local, slot].astype(np.float64),
-        "sources": pl.Series([names[p].tolist() for p in present], dtype=pl.List(pl.String))}
+        "sources": pl.Series([names[p].tolist() for p in present], dtype=pl.List(pl.String)),
+    }
     for s, name in enumerate(fused.names):
         columns[f"rank_{name}"] = pl.Series(np.where(present[:, s], ranks[:, s], 0)).replace(0, None).cast(pl.Int32)
         columns[f"score_{name}"] = pl.Series(scores[:, s], nan_to_null=True).cast(pl.Float32)
@@ -358,7 +424,7 @@ def candidate_chunks(final: Final, users: np.ndarray | None = None, timings: Tim
     users = np.arange(final.catalogue.n_users) if users is None else users
     is_new = item_counts(final.history) == 0
     for start in range(0, len(users), final.config.user_chunk):
-        part = users[start:start + final.config.user_chunk]
+        part = users[start : start + final.config.user_chunk]
         lists = source_lists(final.sources, part, final.config.per_source, timings)
         started = time.perf_counter()
         fused, features = first_stage_candidates(lists, final.fusion, final.first_stage, final.context, part, is_new)

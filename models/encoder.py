@@ -32,9 +32,22 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 TINY_SEED = 0
 TINY_NAME = "tiny-bert-random"
 
-__all__ = ["EncoderSpec", "TextEncoder", "get_encoder", "spec_version", "resolve_spec", "embedding_dim",
-           "tokenizer_for", "load_tokenizer",
-           "model_dir", "model_info", "resolve_device", "configure_threads", "mean_pool", "MODEL_NAME"]
+__all__ = [
+    "MODEL_NAME",
+    "EncoderSpec",
+    "TextEncoder",
+    "configure_threads",
+    "embedding_dim",
+    "get_encoder",
+    "load_tokenizer",
+    "mean_pool",
+    "model_dir",
+    "model_info",
+    "resolve_device",
+    "resolve_spec",
+    "spec_version",
+    "tokenizer_for",
+]
 
 
 @dataclass(frozen=True)
@@ -139,9 +152,14 @@ def load_module(spec: EncoderSpec, info: ModelInfo) -> torch.nn.Module:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     if spec.kind == "tiny":
-        config = transformers.BertConfig(
-            hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=384,
-            vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
+        config = transformers.BertConfig(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
+            hidden_size=384,
+            num_hidden_layers=1,
+            num_attention_heads=6,
+            intermediate_size=384,
+            vocab_size=30522,
+            max_position_embeddings=512,
+            attn_implementation="sdpa",
         )
         torch.manual_seed(TINY_SEED)
         return transformers.BertModel(config, add_pooling_layer=False).eval()
@@ -170,8 +188,15 @@ def default_token_budget(device: torch.device) -> int:
 class TextEncoder:
     """A tokenizer and one loaded backend; embeds token-id batches into float32 vectors (model's pooling)."""
 
-    def __init__(self, info: ModelInfo, tokenizer: Tokenizer, backend: Backend, device: torch.device,
-                 token_budget: int, calibration: Calibration | None = None) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        tokenizer: Tokenizer,
+        backend: Backend,
+        device: torch.device,
+        token_budget: int,
+        calibration: Calibration | None = None,
+    ) -> None:
         self.info = info
         self.tokenizer = tokenizer
         self.backend = backend
@@ -226,17 +251,25 @@ class TextEncoder:
         """Return float32 sentence vectors of one padded batch (pooling and normalisation in fp32)."""
         with self._lock:
             hidden = self.backend.hidden_states(input_ids, mask)
-            return pool(hidden, mask.to(self.device) if isinstance(hidden, torch.Tensor) else mask,
-                        self.info.pooling, self.info.normalize)
+            return pool(
+                hidden, mask.to(self.device) if isinstance(hidden, torch.Tensor) else mask, self.info.pooling, self.info.normalize
+            )
 
     def mode_record(self) -> dict[str, object]:
         """Return what a run record and artifact show about the mode: backend, precision, budget, fidelity, speed."""
         record: dict[str, object] = {
-            "backend": self.backend.name, "precision": self.backend.precision, "token_budget": self.token_budget,
-            "length_multiple": self.backend.length_multiple, "runtime": self.backend.version,
-            "fidelity_min": round(self.fidelity.min, 6), "fidelity_p1": round(self.fidelity.p1, 6),
-            "fidelity_mean": round(self.fidelity.mean, 6), "model_version": self.version,
-            "pooling": self.info.pooling, "normalize": self.info.normalize, "dim": self.dim,
+            "backend": self.backend.name,
+            "precision": self.backend.precision,
+            "token_budget": self.token_budget,
+            "length_multiple": self.backend.length_multiple,
+            "runtime": self.backend.version,
+            "fidelity_min": round(self.fidelity.min, 6),
+            "fidelity_p1": round(self.fidelity.p1, 6),
+            "fidelity_mean": round(self.fidelity.mean, 6),
+            "model_version": self.version,
+            "pooling": self.info.pooling,
+            "normalize": self.info.normalize,
+            "dim": self.dim,
         }
         if self.calibration is not None:
             record.update(self.calibration.summary())
@@ -268,11 +301,25 @@ def _pinned(spec: EncoderSpec, device: torch.device) -> tuple[str, str]:
     return (backend if spec.backend == "auto" else spec.backend), (precision if spec.precision == "auto" else spec.precision)
 
 
-def _request(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, precision: str,
-             device: torch.device, threads: int, tokenizer: Tokenizer | None = None) -> BackendRequest:
+def _request(
+    spec: EncoderSpec,
+    info: ModelInfo,
+    module: torch.nn.Module,
+    precision: str,
+    device: torch.device,
+    threads: int,
+    tokenizer: Tokenizer | None = None,
+) -> BackendRequest:
     samples = _sample_batches(tokenizer, info) if precision == "int8" and tokenizer is not None else ()
-    return BackendRequest(info=info, module=module, precision=precision, device=device, threads=threads,
-                          cache_dir=Path(spec.cache_dir) if spec.cache_dir else None, sample_batches=samples)
+    return BackendRequest(
+        info=info,
+        module=module,
+        precision=precision,
+        device=device,
+        threads=threads,
+        cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
+        sample_batches=samples,
+    )
 
 
 def _sample_batches(tokenizer: Tokenizer, info: ModelInfo) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
@@ -307,13 +354,20 @@ def load_encoder(spec: EncoderSpec) -> TextEncoder:
     else:
         encoder = _load_pinned(spec, info, module, tokenizer, device, threads)
     encoder.load_seconds = time.perf_counter() - started
-    log.info("loaded %s on %s as %s in %.2fs (fidelity min %.5f)", encoder.version, device, encoder.backend.version,
-             encoder.load_seconds, encoder.fidelity.min)
+    log.info(
+        "loaded %s on %s as %s in %.2fs (fidelity min %.5f)",
+        encoder.version,
+        device,
+        encoder.backend.version,
+        encoder.load_seconds,
+        encoder.fidelity.min,
+    )
     return encoder
 
 
-def _load_pinned(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer,
-                 device: torch.device, threads: int) -> TextEncoder:
+def _load_pinned(
+    spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer, device: torch.device, threads: int
+) -> TextEncoder:
     backend_name, precision = _pinned(spec, device)
     budget = spec.token_budget or default_token_budget(device)
     try:
@@ -323,8 +377,9 @@ def _load_pinned(spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, to
     backend.length_multiple = spec.length_multiple
     encoder = TextEncoder(info, tokenizer, backend, device, budget)
     if (backend_name, precision) != ("torch", "fp32"):
-        reference = TextEncoder(info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)),
-                                device, budget)
+        reference = TextEncoder(
+            info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)), device, budget
+        )
         encoder.fidelity = probe_fidelity(reference, encoder)
         require_floor(f"{backend_name}/{precision}", encoder.fidelity, floor_for(precision, spec.float_floor, spec.int8_floor))
     return encoder
@@ -379,8 +434,11 @@ def calibration_summary(spec: EncoderSpec) -> dict[str, object] | None:
 
     device, threads, info = resolve_device(spec.device), configure_threads(spec.num_threads), model_info(spec)
     loaded = _CACHE.get(spec)
-    summary = loaded.calibration.summary() if loaded is not None and loaded.calibration is not None else \
-        persisted_summary(spec, info, device, threads)  # measured in this process, or read from a previous one
+    summary = (
+        loaded.calibration.summary()
+        if loaded is not None and loaded.calibration is not None
+        else persisted_summary(spec, info, device, threads)
+    )  # measured in this process, or read from a previous one
     return None if summary is None else {**summary, "calibration_file": str(calibration_file(spec, info, device, threads))}
 
 
@@ -400,5 +458,11 @@ def resolve_spec(spec: EncoderSpec) -> EncoderSpec:
     mode = None if spec.recalibrate else persisted_mode(spec, model_info(spec), device, configure_threads(spec.num_threads))
     if mode is None or spec in _CACHE:
         mode = get_encoder(spec).mode
-    return replace(spec, backend=mode.backend, precision=mode.precision, token_budget=mode.token_budget,
-                   length_multiple=mode.length_multiple, recalibrate=False)
+    return replace(
+        spec,
+        backend=mode.backend,
+        precision=mode.precision,
+        token_budget=mode.token_budget,
+        length_multiple=mode.length_multiple,
+        recalibrate=False,
+    )

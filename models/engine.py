@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -20,7 +20,6 @@ from models.encoder import TextEncoder
 from models.planning import plan_batches
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -40,7 +39,7 @@ class EncodeStats:
         """Return real tokens / computed token slots (1.0 means no padding at all)."""
         return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
 
-    def merge(self, other: "EncodeStats") -> "EncodeStats":
+    def merge(self, other: EncodeStats) -> EncodeStats:
         """Return the sum of two stats (shards add up to a run)."""
         fields = {k: v + getattr(other, k) for k, v in asdict(self).items()}
         return EncodeStats(**fields)
@@ -70,9 +69,13 @@ def encode_texts(
             before_batch()
         runner.run(rows, tensors)
     stats = EncodeStats(
-        texts=len(texts), real_tokens=int(lengths.sum()), padded_tokens=runner.padded,
-        truncated=int((full_lengths > encoder.max_length).sum()), batches=runner.batches,
-        oom_splits=runner.oom_splits, seconds=time.perf_counter() - started,
+        texts=len(texts),
+        real_tokens=int(lengths.sum()),
+        padded_tokens=runner.padded,
+        truncated=int((full_lengths > encoder.max_length).sum()),
+        batches=runner.batches,
+        oom_splits=runner.oom_splits,
+        seconds=time.perf_counter() - started,
     )
     return out, stats
 
@@ -90,6 +93,7 @@ def _prefetched(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collate") as pool:
         pending = pool.submit(collate, batches[0]) if batches else None
         for i, rows in enumerate(batches):
+            assert pending is not None  # submitted for every batch before it is reached
             tensors = pending.result()
             pending = pool.submit(collate, batches[i + 1]) if i + 1 < len(batches) else None
             yield rows, tensors
@@ -132,5 +136,3 @@ class _BatchRunner:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.warning("CUDA out of memory at %d tokens: batch split, budget lowered to %d", failed_tokens, self.budget)
-
-

@@ -54,7 +54,7 @@ def time_split(log: EncodedLog, holdout_share: float, within: np.ndarray | None 
         raise ValueError(f"holdout_share must lie in (0, 1), got {holdout_share}")
     within = np.ones(len(log.ts_us), dtype=bool) if within is None else within
     ts = log.ts_us[within]
-    cutoff = int(np.sort(ts)[min(len(ts) - 1, int(math.floor(len(ts) * (1.0 - holdout_share))))]) if len(ts) else 0
+    cutoff = int(np.sort(ts)[min(len(ts) - 1, math.floor(len(ts) * (1.0 - holdout_share)))]) if len(ts) else 0
     train, test = within & (log.ts_us < cutoff), within & (log.ts_us >= cutoff)
     n_items = int(log.item_rows.max(initial=0)) + 1
     train_keys = np.unique(log.user_rows[train].astype(np.int64) * n_items + log.item_rows[train])
@@ -66,8 +66,15 @@ def time_split(log: EncodedLog, holdout_share: float, within: np.ndarray | None 
     has_history = np.zeros(int(log.user_rows.max(initial=0)) + 1, dtype=bool)
     has_history[log.user_rows[train]] = True
     evaluated = np.unique(users)
-    return Split(cutoff, train, evaluated.astype(np.int32), users.astype(np.int32), items.astype(np.int32),
-                 ~trained_items[items], int((~has_history[evaluated]).sum()))
+    return Split(
+        cutoff,
+        train,
+        evaluated.astype(np.int32),
+        users.astype(np.int32),
+        items.astype(np.int32),
+        ~trained_items[items],
+        int((~has_history[evaluated]).sum()),
+    )
 
 
 def metrics_of(rows: np.ndarray, split: Split, n_items: int, k: int) -> dict[str, float]:
@@ -78,8 +85,12 @@ def metrics_of(rows: np.ndarray, split: Split, n_items: int, k: int) -> dict[str
     n_relevant = np.bincount(local, minlength=len(split.users))
     recall = float((hits.sum(axis=1) / np.maximum(n_relevant, 1)).mean()) if len(split.users) else math.nan
     ndcg = float(ndcg_at_k(hits, np.maximum(n_relevant, 1), NDCG_K).mean()) if len(split.users) else math.nan
-    return {"recall_at_k": recall, "ndcg_at_10": ndcg, "cold_recall_at_k": _cold_recall(top, local, split, n_items),
-            "coverage_at_k": float(len(np.unique(top[top >= 0]))) / max(n_items, 1)}
+    return {
+        "recall_at_k": recall,
+        "ndcg_at_10": ndcg,
+        "cold_recall_at_k": _cold_recall(top, local, split, n_items),
+        "coverage_at_k": float(len(np.unique(top[top >= 0]))) / max(n_items, 1),
+    }
 
 
 def _cold_recall(top: np.ndarray, local: np.ndarray, split: Split, n_items: int) -> float:
@@ -93,8 +104,10 @@ def _cold_recall(top: np.ndarray, local: np.ndarray, split: Split, n_items: int)
 
 def metric_rows(method: str, metrics: Mapping[str, float]) -> pl.DataFrame:
     """Return one method's metrics as retrieval_metrics rows (method, metric, value)."""
-    return pl.DataFrame({"method": [method] * len(metrics), "metric": list(metrics),
-                         "value": [float(v) for v in metrics.values()]}, schema=METRICS_SCHEMA)
+    return pl.DataFrame(
+        {"method": [method] * len(metrics), "metric": list(metrics), "value": [float(v) for v in metrics.values()]},
+        schema=METRICS_SCHEMA,
+    )
 
 
 def metric_value(table: pl.DataFrame, method: str, metric: str) -> float:
@@ -103,8 +116,9 @@ def metric_value(table: pl.DataFrame, method: str, metric: str) -> float:
     return float(row.get_column("value")[0]) if row.height else math.nan
 
 
-def check_gate(table: pl.DataFrame, recall_margin: float, min_cold_recall: float,
-               fused: str = "fused", baseline: str = "popularity") -> None:
+def check_gate(
+    table: pl.DataFrame, recall_margin: float, min_cold_recall: float, fused: str = "fused", baseline: str = "popularity"
+) -> None:
     """Raise ContractViolation when the fused recall@K < popularity's + margin, or its cold recall < the minimum.
 
     A NaN cold recall (no held-out item without training interactions) does not fail the gate: there is
@@ -112,9 +126,9 @@ def check_gate(table: pl.DataFrame, recall_margin: float, min_cold_recall: float
     """
     recall, popular = metric_value(table, fused, "recall_at_k"), metric_value(table, baseline, "recall_at_k")
     if not (recall >= popular + recall_margin):
-        raise ContractViolation(f"candidate gate: fused recall@K {recall:.4f} is below popularity's {popular:.4f} "
-                                f"+ margin {recall_margin:.4f}")
+        raise ContractViolation(
+            f"candidate gate: fused recall@K {recall:.4f} is below popularity's {popular:.4f} + margin {recall_margin:.4f}"
+        )
     cold = metric_value(table, fused, "cold_recall_at_k")
     if not math.isnan(cold) and cold < min_cold_recall:
-        raise ContractViolation(f"candidate gate: fused cold-item recall@K {cold:.4f} is below the minimum "
-                                f"{min_cold_recall:.4f}")
+        raise ContractViolation(f"candidate gate: fused cold-item recall@K {cold:.4f} is below the minimum {min_cold_recall:.4f}")

@@ -68,12 +68,19 @@ class Fused:
     rrf: np.ndarray
     rrf_rank: np.ndarray
 
-    def users_at(self, positions: np.ndarray) -> "Fused":
+    def users_at(self, positions: np.ndarray) -> Fused:
         """Return the candidates of the users at the given positions only."""
-        return Fused(self.names, self.rows[positions], self.scores[positions], self.ranks[positions],
-                     self.source_scores[positions], self.rrf[positions], self.rrf_rank[positions])
+        return Fused(
+            self.names,
+            self.rows[positions],
+            self.scores[positions],
+            self.ranks[positions],
+            self.source_scores[positions],
+            self.rrf[positions],
+            self.rrf_rank[positions],
+        )
 
-    def take(self, slots: np.ndarray, scores: np.ndarray | None = None) -> "Fused":
+    def take(self, slots: np.ndarray, scores: np.ndarray | None = None) -> Fused:
         """Return the candidates at the given (users, K) slot indices (-1: empty), optionally rescored."""
         safe = np.maximum(slots, 0)
         empty = slots < 0
@@ -84,21 +91,30 @@ class Fused:
             return out
 
         new_scores = self.scores if scores is None else scores
-        return Fused(self.names, pick(self.rows, -1), pick(new_scores, -np.inf), pick(self.ranks, 0),
-                     pick(self.source_scores, np.nan), pick(self.rrf, -np.inf), pick(self.rrf_rank, 0))
+        return Fused(
+            self.names,
+            pick(self.rows, -1),
+            pick(new_scores, -np.inf),
+            pick(self.ranks, 0),
+            pick(self.source_scores, np.nan),
+            pick(self.rrf, -np.inf),
+            pick(self.rrf_rank, 0),
+        )
 
 
 def union_of(lists: Mapping[str, Lists]) -> Union:
     """Return the union of the lists (all of one set of users, same row order)."""
     names = tuple(sorted(lists))
     n_users = len(next(iter(lists.values())).rows) if lists else 0
-    users, items, src, rank, score = [], [], [], [], []
-    for s, name in enumerate(names):
+    parts: tuple[list[np.ndarray], ...] = ([], [], [], [], [])  # users, items, source, rank, score
+    for source, name in enumerate(names):
         rows = lists[name].rows
-        u, r = np.nonzero(rows >= 0)
-        users.append(u), items.append(rows[u, r]), src.append(np.full(len(u), s)), rank.append(r + 1)
-        score.append(lists[name].scores[u, r])
-    u, i, s, r, v = (np.concatenate(x) if x else np.zeros(0) for x in (users, items, src, rank, score))
+        user, slot = np.nonzero(rows >= 0)
+        for part, values in zip(
+            parts, (user, rows[user, slot], np.full(len(user), source), slot + 1, lists[name].scores[user, slot]), strict=True
+        ):
+            part.append(values)
+    u, i, s, r, v = (np.concatenate(x) if x else np.zeros(0) for x in parts)
     n_items = int(i.max(initial=0)) + 1
     keys, inverse = np.unique(u.astype(np.int64) * n_items + i.astype(np.int64), return_inverse=True)
     ranks = np.zeros((len(keys), len(names)), dtype=np.int32)
@@ -139,13 +155,12 @@ def _choose(union: Union, fused: np.ndarray, quota: int, k: int, is_new: np.ndar
 def select(union: Union, params: FusionParams, is_new: np.ndarray) -> Fused:
     """Return the K fused candidates per user of a union by RRF (see the module docstring)."""
     fused = rrf_scores(union, params)
-    chosen, rank = _choose(union, fused, int(round(params.new_quota * params.k)), params.k, is_new)
+    chosen, rank = _choose(union, fused, round(params.new_quota * params.k), params.k, is_new)
     slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
     return _fused_arrays(union, chosen, slot, fused, rank, params.k)
 
 
-def _fused_arrays(union: Union, chosen: np.ndarray, slot: np.ndarray, fused: np.ndarray, rank: np.ndarray,
-                  k: int) -> Fused:
+def _fused_arrays(union: Union, chosen: np.ndarray, slot: np.ndarray, fused: np.ndarray, rank: np.ndarray, k: int) -> Fused:
     """Return the Fused arrays with the chosen entries at their slots."""
     n, s = union.n_users, len(union.names)
     rows = np.full((n, k), -1, dtype=np.int32)
@@ -181,7 +196,7 @@ def select_slots(rows: np.ndarray, scores: np.ndarray, is_new: np.ndarray, k: in
     order = np.argsort(-score, axis=1, kind="stable")
     ordered_ok = np.take_along_axis(filled, order, axis=1)
     new = np.take_along_axis(filled & is_new[np.maximum(rows, 0)], order, axis=1)
-    q = int(round(quota * k))
+    q = round(quota * k)
     by_quota = new & (np.cumsum(new, axis=1) <= q)
     rest = ordered_ok & ~by_quota
     room = k - by_quota.sum(axis=1, keepdims=True)
@@ -231,7 +246,7 @@ def _labels(union: Union, split: Split, n_items: int) -> _Labels:
 
 def _score(union: Union, params: FusionParams, is_new: np.ndarray, labels: _Labels) -> dict[str, float]:
     """Return recall@K and cold recall@K of the chosen entries (the metrics_of definitions)."""
-    chosen, _ = _choose(union, rrf_scores(union, params), int(round(params.new_quota * params.k)), params.k, is_new)
+    chosen, _ = _choose(union, rrf_scores(union, params), round(params.new_quota * params.k), params.k, is_new)
     hits = np.bincount(union.users[chosen[labels.relevant[chosen]]], minlength=union.n_users)
     evaluated = labels.n_relevant > 0
     recall = float((hits[evaluated] / labels.n_relevant[evaluated]).mean()) if evaluated.any() else math.nan
@@ -239,8 +254,9 @@ def _score(union: Union, params: FusionParams, is_new: np.ndarray, labels: _Labe
     return {"recall_at_k": recall, "cold_recall_at_k": cold}
 
 
-def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, labels: _Labels,
-                   rounds: int) -> tuple[FusionParams, float]:
+def _weight_rounds(
+    union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, labels: _Labels, rounds: int
+) -> tuple[FusionParams, float]:
     """Return the params after coordinate ascent on recall@K over weights and rrf_k, and their recall."""
     best = _score(union, params, is_new, labels)["recall_at_k"]
     for _ in range(rounds):
@@ -261,8 +277,7 @@ def _weight_rounds(union: Union, params: FusionParams, grid: TuningGrid, is_new:
     return params, best
 
 
-def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray,
-                labels: _Labels) -> FusionParams:
+def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np.ndarray, labels: _Labels) -> FusionParams:
     """Return params with the smallest quota whose validation cold recall reaches the target (else the largest)."""
     for quota in sorted(grid.new_quota):
         cold = _score(union, replace(params, new_quota=quota), is_new, labels)["cold_recall_at_k"]
@@ -271,8 +286,9 @@ def _pick_quota(union: Union, params: FusionParams, grid: TuningGrid, is_new: np
     return replace(params, new_quota=max(grid.new_quota))
 
 
-def tune_fusion(lists: Mapping[str, Lists], split: Split, is_new: np.ndarray, n_items: int, k: int,
-                grid: TuningGrid = TuningGrid()) -> tuple[FusionParams, dict[str, float]]:
+def tune_fusion(
+    lists: Mapping[str, Lists], split: Split, is_new: np.ndarray, n_items: int, k: int, grid: TuningGrid = TuningGrid()
+) -> tuple[FusionParams, dict[str, float]]:
     """Return the tuned FusionParams and their validation metrics (lists are of split.users, in that order)."""
     union = union_of(lists)
     labels = _labels(union, split, n_items)

@@ -29,8 +29,15 @@ from models.fusion import Fused
 from models.sources.base import Catalogue, History, history_lengths, item_counts, to_epoch_us
 from models.sources.popularity import trending_scores
 
-ITEM_FEATURES: tuple[str, ...] = ("log_popularity", "log_trending", "freshness_days", "is_new", "topic_affinity",
-                                  "topic_score", "log_history")
+ITEM_FEATURES: tuple[str, ...] = (
+    "log_popularity",
+    "log_trending",
+    "freshness_days",
+    "is_new",
+    "topic_affinity",
+    "topic_score",
+    "log_history",
+)
 _US_PER_DAY = 86_400 * 1_000_000
 
 
@@ -54,17 +61,31 @@ def feature_context(history: History, catalogue: Catalogue, trend_half_life_days
     """Return the item and user arrays candidate_features reads."""
     counts = item_counts(history)
     age = np.clip((to_epoch_us(history.now) - catalogue.created_us) / _US_PER_DAY, 0.0, None)
-    values = np.stack([np.log1p(counts), np.log1p(trending_scores(history, trend_half_life_days)), age,
-                       (counts == 0).astype(np.float64), catalogue.topic_score.astype(np.float64)], axis=1)
+    values = np.stack(
+        [
+            np.log1p(counts),
+            np.log1p(trending_scores(history, trend_half_life_days)),
+            age,
+            (counts == 0).astype(np.float64),
+            catalogue.topic_score.astype(np.float64),
+        ],
+        axis=1,
+    )
     n_topics = len(catalogue.topic_names) + 1  # the last column stands for "no topic" and stays 0
     topic = np.where(catalogue.topic >= 0, catalogue.topic, n_topics - 1)
     item_topic_rows = topic[history.item_rows]
     known = item_topic_rows < n_topics - 1
-    shares = sp.csr_matrix((np.ones(int(known.sum()), np.float32), (history.user_rows[known], item_topic_rows[known])),
-                           shape=(history.n_users, n_topics)).toarray()
+    shares = sp.csr_matrix(
+        (np.ones(int(known.sum()), np.float32), (history.user_rows[known], item_topic_rows[known])),
+        shape=(history.n_users, n_topics),
+    ).toarray()
     shares /= np.maximum(shares.sum(axis=1, keepdims=True), 1.0)
-    return FeatureContext(values.astype(np.float32), topic.astype(np.int64),
-                          np.log1p(history_lengths(history)).astype(np.float32), shares.astype(np.float32))
+    return FeatureContext(
+        values.astype(np.float32),
+        topic.astype(np.int64),
+        np.log1p(history_lengths(history)).astype(np.float32),
+        shares.astype(np.float32),
+    )
 
 
 def candidate_features(fused: Fused, users: np.ndarray, context: FeatureContext) -> np.ndarray:
@@ -75,17 +96,24 @@ def candidate_features(fused: Fused, users: np.ndarray, context: FeatureContext)
         users: user rows.
         context: feature_context of the History the candidates came from.
     """
-    n_users, k, n_lists = fused.ranks.shape
+    n_users, k, _ = fused.ranks.shape
     filled = fused.rows >= 0
     item = np.where(filled, fused.rows, 0)
     rr = np.where(fused.ranks > 0, 1.0 / np.maximum(fused.ranks, 1), 0.0)
     rrf_rr = np.where(fused.rrf_rank > 0, 1.0 / np.maximum(fused.rrf_rank, 1), 0.0)
     topic = context.item_topic[item]
     affinity = np.take_along_axis(context.affinity[users], topic, axis=1)
-    parts = [np.where(filled, fused.rrf, 0.0)[..., None], rrf_rr[..., None], (fused.ranks > 0).sum(-1)[..., None],
-             rr, np.nan_to_num(fused.source_scores, nan=0.0), context.item_values[item][..., :4],
-             affinity[..., None], context.item_values[item][..., 4:5],
-             np.broadcast_to(context.log_history[users][:, None, None], (n_users, k, 1))]
+    parts = [
+        np.where(filled, fused.rrf, 0.0)[..., None],
+        rrf_rr[..., None],
+        (fused.ranks > 0).sum(-1)[..., None],
+        rr,
+        np.nan_to_num(fused.source_scores, nan=0.0),
+        context.item_values[item][..., :4],
+        affinity[..., None],
+        context.item_values[item][..., 4:5],
+        np.broadcast_to(context.log_history[users][:, None, None], (n_users, k, 1)),
+    ]
     out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=-1)
     out[~filled] = 0.0
     return out

@@ -98,8 +98,16 @@ def lgbm_from_booster(booster: object, feature_names: tuple[str, ...]) -> LgbmSc
 def mlp_from_net(net: object, feature_names: tuple[str, ...]) -> MlpScorer:
     """Return the numpy scorer of a trained models.ranker.RankerNet."""
     state = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in net.state_dict().items()}  # type: ignore[attr-defined]
-    arrays = {"mean": state["mean"], "std": state["std"], "w1": state["mlp.0.weight"], "b1": state["mlp.0.bias"],
-              "w2": state["mlp.2.weight"], "b2": state["mlp.2.bias"], "w3": state["mlp.4.weight"], "b3": state["mlp.4.bias"]}
+    arrays = {
+        "mean": state["mean"],
+        "std": state["std"],
+        "w1": state["mlp.0.weight"],
+        "b1": state["mlp.0.bias"],
+        "w2": state["mlp.2.weight"],
+        "b2": state["mlp.2.bias"],
+        "w3": state["mlp.4.weight"],
+        "b3": state["mlp.4.bias"],
+    }
     return MlpScorer(arrays, tuple(feature_names))
 
 
@@ -112,8 +120,14 @@ def scorer_version(scorer: Scorer) -> str:
 
 def scorer_to_bytes(scorer: Scorer, extra: Mapping[str, object] | None = None) -> tuple[bytes, bytes]:
     """Return (model bytes, metadata json bytes: format, kind, version, feature names, shapes, metrics, extra)."""
-    meta: dict[str, object] = {"format": SCORER_FORMAT, "kind": scorer.kind, "version": scorer_version(scorer),
-                               "feature_names": list(scorer.feature_names), "metrics": scorer.metrics, **(extra or {})}
+    meta: dict[str, object] = {
+        "format": SCORER_FORMAT,
+        "kind": scorer.kind,
+        "version": scorer_version(scorer),
+        "feature_names": list(scorer.feature_names),
+        "metrics": scorer.metrics,
+        **(extra or {}),
+    }
     if isinstance(scorer, MlpScorer):
         meta["shapes"] = {n: list(scorer.arrays[n].shape) for n in MLP_ARRAYS}
     return scorer.model_bytes(), json.dumps(meta, indent=2, sort_keys=True).encode()
@@ -123,7 +137,7 @@ def _mlp_arrays(model: bytes, shapes: Mapping[str, list[int]]) -> dict[str, np.n
     flat, arrays, offset = np.frombuffer(model, dtype="<f4"), {}, 0
     for name in MLP_ARRAYS:
         size = int(np.prod(shapes[name]))
-        arrays[name] = flat[offset:offset + size].reshape(shapes[name]).astype(np.float32)
+        arrays[name] = flat[offset : offset + size].reshape(shapes[name]).astype(np.float32)
         offset += size
     if offset != len(flat):
         raise ValueError(f"MLP bytes hold {len(flat)} floats, the shapes {offset}")

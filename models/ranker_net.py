@@ -16,14 +16,17 @@ class RankerNet(torch.nn.Module):
         self.register_buffer("mean", torch.zeros(n_features) if mean is None else mean.float())
         self.register_buffer("std", torch.ones(n_features) if std is None else std.float())
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(n_features, hidden), torch.nn.ReLU(),
-            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(n_features, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(),
             torch.nn.Linear(hidden, 1),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return one logit per row."""
-        return self.mlp((x - self.mean) / self.std).squeeze(-1)
+        mean, std = self.get_buffer("mean"), self.get_buffer("std")
+        return torch.as_tensor(self.mlp((x - mean) / std)).squeeze(-1)
 
 
 @dataclass(frozen=True)

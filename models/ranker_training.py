@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from models.evaluation import Split
-from models.ranker_net import TrainConfig, fit_net
 from models.ranker_models import LgbmScorer, MlpScorer, Scorer, lgbm_from_booster, mlp_from_net
+from models.ranker_net import TrainConfig, fit_net
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def labelled_rows(fused_rows: np.ndarray, users: np.ndarray, features: np.ndarra
 def _stopping_mask(rows: Rows, share: float, seed: int) -> np.ndarray:
     """Return a mask of the rows whose user is among a seeded share of the users (kept for early stopping)."""
     users = np.unique(rows.user)
-    held = np.random.default_rng(seed).permutation(users)[: int(round(len(users) * share))]
+    held = np.random.default_rng(seed).permutation(users)[: round(len(users) * share)]
     return np.isin(rows.user, held)
 
 
@@ -73,13 +74,24 @@ def train_lambdarank(rows: Rows, names: tuple[str, ...], params: RankerParams = 
     import lightgbm
 
     stop = _stopping_mask(rows, params.stopping_share, params.seed)
-    config = {"objective": "lambdarank", "metric": "ndcg", "eval_at": [10], "learning_rate": params.learning_rate,
-              "num_leaves": params.leaves, "min_data_in_leaf": params.min_data_in_leaf, "deterministic": True,
-              "force_col_wise": True, "num_threads": params.threads, "seed": params.seed, "verbosity": -1}
-    train = lightgbm.Dataset(rows.x[~stop], rows.y[~stop], group=_group_sizes(rows.user[~stop]),
-                             feature_name=list(names), free_raw_data=True)
+    config = {
+        "objective": "lambdarank",
+        "metric": "ndcg",
+        "eval_at": [10],
+        "learning_rate": params.learning_rate,
+        "num_leaves": params.leaves,
+        "min_data_in_leaf": params.min_data_in_leaf,
+        "deterministic": True,
+        "force_col_wise": True,
+        "num_threads": params.threads,
+        "seed": params.seed,
+        "verbosity": -1,
+    }
+    train = lightgbm.Dataset(
+        rows.x[~stop], rows.y[~stop], group=_group_sizes(rows.user[~stop]), feature_name=list(names), free_raw_data=True
+    )
     sets = [lightgbm.Dataset(rows.x[stop], rows.y[stop], group=_group_sizes(rows.user[stop]), reference=train)]
-    callbacks = [lightgbm.early_stopping(params.early_stopping_rounds, verbose=False)] if stop.any() else []
+    callbacks: list[Any] = [lightgbm.early_stopping(params.early_stopping_rounds, verbose=False)] if stop.any() else []
     booster = lightgbm.train(config, train, params.rounds, valid_sets=sets if stop.any() else [], callbacks=callbacks)
     return lgbm_from_booster(booster, names)
 

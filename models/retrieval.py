@@ -12,10 +12,9 @@ the score block is chunk x block rows, so nothing of size O(items x dim) is ever
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -43,9 +42,9 @@ class ItemChunks:
     read: Callable[[], Iterable[np.ndarray]]
 
     @classmethod
-    def of(cls, vectors: np.ndarray, size: int) -> "ItemChunks":
+    def of(cls, vectors: np.ndarray, size: int) -> ItemChunks:
         """Return chunks of an in-memory matrix, size rows each (tests and small callers)."""
-        return cls(len(vectors), lambda: (vectors[start:start + size] for start in range(0, len(vectors), size)))
+        return cls(len(vectors), lambda: (vectors[start : start + size] for start in range(0, len(vectors), size)))
 
     def blocks(self, device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (first item row, block tensor on device) for each block, in row order."""
@@ -93,10 +92,10 @@ def user_vectors(item_vectors: torch.Tensor | ItemChunks, inter: Interactions) -
         compact = torch.from_numpy(item_vectors.gather(rows).reshape(len(rows), -1))
         return user_vectors(compact, Interactions(inter.user_rows, inverse.reshape(-1), inter.weights, inter.n_users))
     users = torch.zeros((inter.n_users, item_vectors.shape[1]), dtype=torch.float32, device=item_vectors.device)
-    rows = torch.from_numpy(inter.user_rows.astype(np.int64)).to(item_vectors.device)
+    user_rows = torch.from_numpy(inter.user_rows.astype(np.int64)).to(item_vectors.device)
     weighted = item_vectors[torch.from_numpy(inter.item_rows.astype(np.int64)).to(item_vectors.device)]
     weighted = weighted * torch.from_numpy(inter.weights.astype(np.float32)).to(item_vectors.device)[:, None]
-    users.index_add_(0, rows, weighted)
+    users.index_add_(0, user_rows, weighted)
     return torch.nn.functional.normalize(users, p=2, dim=1)
 
 
@@ -131,7 +130,9 @@ def _seen_by_user(seen: Interactions) -> tuple[np.ndarray, np.ndarray]:
     return seen.user_rows[order].astype(np.int64), seen.item_rows[order].astype(np.int64)
 
 
-def _streamed_top_k(users: torch.Tensor, items: ItemChunks, seen: Interactions, k: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def _streamed_top_k(
+    users: torch.Tensor, items: ItemChunks, seen: Interactions, k: int, chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Return top_k_items over item blocks: each block's exact top-K merged into a running top-K per user."""
     k = min(k, items.n_items)
     out_rows = np.full((users.shape[0], k), -1, dtype=np.int64)
@@ -143,15 +144,19 @@ def _streamed_top_k(users: torch.Tensor, items: ItemChunks, seen: Interactions, 
         in_block = (seen_items >= offset) & (seen_items < offset + block.shape[0])
         for n, start in enumerate(starts):
             stop = min(start + chunk, users.shape[0])
-            pick = np.flatnonzero(in_block[bounds[n]:bounds[n + 1]]) + bounds[n]
+            pick = np.flatnonzero(in_block[bounds[n] : bounds[n + 1]]) + bounds[n]
             mask = (seen_users[pick] - start, seen_items[pick] - offset)
             rows, scores = _chunk_top_k(users[start:stop], block, mask, min(k, block.shape[0]))
             rows[rows >= 0] += offset
-            out_rows[start:stop], out_scores[start:stop] = _merge_top_k(out_rows[start:stop], out_scores[start:stop], rows, scores, k)
+            out_rows[start:stop], out_scores[start:stop] = _merge_top_k(
+                out_rows[start:stop], out_scores[start:stop], rows, scores, k
+            )
     return out_rows, out_scores
 
 
-def _merge_top_k(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, scores_b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _merge_top_k(
+    rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, scores_b: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Return the first k of two per-user lists by (score desc, item row asc); empty slots (-1, -inf) last."""
     rows, scores = np.concatenate([rows_a, rows_b], axis=1), np.concatenate([scores_a, scores_b], axis=1)
     order = np.lexsort((rows, -scores), axis=1)[:, :k]
@@ -160,7 +165,9 @@ def _merge_top_k(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, s
     return rows, scores
 
 
-def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_top_k(
+    users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarray, np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Return the exact top-k (score desc, item asc) of users x items with the seen pairs excluded."""
     with torch.inference_mode():
         scores = users @ items.T
@@ -174,8 +181,9 @@ def _chunk_top_k(users: torch.Tensor, items: torch.Tensor, seen: tuple[np.ndarra
         # (finite) scores is sorted whole and stably instead, so equal scores come lower item first
         tied = np.flatnonzero((values[:, k - 1] == values[:, width - 1]) & np.isfinite(values[:, k - 1]))
         if width < scores.shape[1] and len(tied):
-            exact_vals, exact_rows = torch.sort(scores[torch.from_numpy(tied).to(scores.device)], dim=1,
-                                                descending=True, stable=True)
+            exact_vals, exact_rows = torch.sort(
+                scores[torch.from_numpy(tied).to(scores.device)], dim=1, descending=True, stable=True
+            )
             rows[tied], vals[tied] = exact_rows[:, :k].cpu().numpy(), exact_vals[:, :k].cpu().numpy()
     rows[~np.isfinite(vals)] = -1
     return rows, vals
@@ -186,9 +194,11 @@ def candidates_table(user_ids: np.ndarray, item_ids: np.ndarray, rows: np.ndarra
     n_users, k = rows.shape
     flat_rows = rows.reshape(-1)
     keep = flat_rows >= 0
-    return pl.DataFrame({
-        "user_id": np.repeat(np.asarray(user_ids), k)[keep],
-        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
-        "item_id": np.asarray(item_ids)[flat_rows[keep]],
-        "score": scores.reshape(-1)[keep].astype(np.float64),
-    })
+    return pl.DataFrame(
+        {
+            "user_id": np.repeat(np.asarray(user_ids), k)[keep],
+            "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
+            "item_id": np.asarray(item_ids)[flat_rows[keep]],
+            "score": scores.reshape(-1)[keep].astype(np.float64),
+        }
+    )

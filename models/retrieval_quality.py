@@ -122,9 +122,7 @@ def _popularity_top_k(counts: np.ndarray, seen: Interactions, k: int, chunk: int
     return rows
 
 
-def _scores(
-    ranked: np.ndarray, relevant: pl.DataFrame, n_relevant: np.ndarray, n_items: int, k: int
-) -> tuple[float, float]:
+def _scores(ranked: np.ndarray, relevant: pl.DataFrame, n_relevant: np.ndarray, n_items: int, k: int) -> tuple[float, float]:
     """Return (mean recall@k, mean NDCG@10) of ranked lists against the relevant pairs."""
     hits = hit_matrix(ranked, relevant["user_row"].to_numpy(), relevant["item_row"].to_numpy(), n_items)
     return float(recall_at_k(hits, n_relevant, k).mean()), float(ndcg_at_k(hits, n_relevant).mean())
@@ -159,12 +157,19 @@ def evaluate_retrieval(
         log.warning("no user has %d held-out interactions with an unseen item: nothing to evaluate", holdout)
         return RetrievalQuality(float("nan"), float("nan"), float("nan"), float("nan"), 0, skipped, k)
     history = _rows(train, users)
-    seen = Interactions(history["user_row"].to_numpy(), history["item_row"].to_numpy(),
-                        np.asarray(weight_fn(history), dtype=np.float32), users.height)
+    seen = Interactions(
+        history["user_row"].to_numpy(),
+        history["item_row"].to_numpy(),
+        np.asarray(weight_fn(history), dtype=np.float32),
+        users.height,
+    )
     relevant = _rows(relevant, users)
     n_relevant = np.bincount(relevant["user_row"].to_numpy(), minlength=users.height)
-    vectors = item_vectors if isinstance(item_vectors, ItemChunks) else torch.from_numpy(
-        np.ascontiguousarray(item_vectors, dtype=np.float32))
+    vectors = (
+        item_vectors
+        if isinstance(item_vectors, ItemChunks)
+        else torch.from_numpy(np.ascontiguousarray(item_vectors, dtype=np.float32))
+    )
     ranked, _ = top_k_items(user_vectors(vectors, seen), vectors, seen, k, chunk)
     popular = _popularity_top_k(np.bincount(train["item_row"].to_numpy(), minlength=index.height), seen, k, chunk)
     recall, ndcg = _scores(ranked, relevant, n_relevant, index.height, k)

@@ -51,9 +51,16 @@ def read_model_info(path: Path, name: str | None = None, max_seq_length: int | N
         raise ModelLoadError(f"{path} has no weights ({' or '.join(WEIGHT_FILES)})")
     pooling, normalize = _pooling_and_norm(path)
     own = _own_max_length(path, config)
-    return ModelInfo(path=path, name=name or path.name, model_type=str(config.get("model_type", "unknown")),
-                     dim=_width(config, path), pooling=pooling, normalize=normalize,
-                     max_seq_length=min(own, max_seq_length) if max_seq_length else own, digest=content_digest(path))
+    return ModelInfo(
+        path=path,
+        name=name or path.name,
+        model_type=str(config.get("model_type", "unknown")),
+        dim=_width(config, path),
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=min(own, max_seq_length) if max_seq_length else own,
+        digest=content_digest(path),
+    )
 
 
 def content_digest(path: Path) -> str:
@@ -108,10 +115,22 @@ def _pooling_mode(cfg: dict, path: Path) -> str:
     if "pooling_mode" in cfg:
         mode = str(cfg["pooling_mode"]).replace("_tokens", "").replace("_token", "")
     else:
-        chosen = [m for m, key in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
-                                   ("max", "pooling_mode_max_tokens")) if cfg.get(key)]
-        others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in (
-            "pooling_mode_mean_tokens", "pooling_mode_cls_token", "pooling_mode_max_tokens")]
+        chosen = [
+            m
+            for m, key in (
+                ("mean", "pooling_mode_mean_tokens"),
+                ("cls", "pooling_mode_cls_token"),
+                ("max", "pooling_mode_max_tokens"),
+            )
+            if cfg.get(key)
+        ]
+        others = [
+            k
+            for k, v in cfg.items()
+            if k.startswith("pooling_mode_")
+            and v
+            and k not in ("pooling_mode_mean_tokens", "pooling_mode_cls_token", "pooling_mode_max_tokens")
+        ]
         if len(chosen) != 1 or others:
             raise ModelLoadError(f"{path}: pooling {chosen + others} is not supported (one of mean, cls, max)")
         mode = chosen[0]

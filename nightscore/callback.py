@@ -22,20 +22,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COUNT_KEYS = ("rows_in", "rows_quarantined", "rows_scored", "rows_computed", "rows_reused",
-              "interactions_in", "interactions_quarantined", "users_with_candidates")
+COUNT_KEYS = (
+    "rows_in",
+    "rows_quarantined",
+    "rows_scored",
+    "rows_computed",
+    "rows_reused",
+    "interactions_in",
+    "interactions_quarantined",
+    "users_with_candidates",
+)
 TABLES = ("item_scores", "user_candidates", "latest_item_scores", "latest_user_candidates", "scoring_runs", "quarantine")
 
 
-def completion_payload(flow_run_id: str, state: str, published: Published | None, run_id: str | None,
-                       message: str | None = None) -> dict[str, Any]:
+def completion_payload(
+    flow_run_id: str, state: str, published: Published | None, run_id: str | None, message: str | None = None
+) -> dict[str, Any]:
     """Return the callback document: flow run id, run id, final state, counts and the tables that hold the rows."""
     counts: dict[str, Any] = {}
     if published is not None:
         row = published.record.row()
         counts = {key: row[key] for key in COUNT_KEYS} | {"cache_entries": published.cache_entries}
-    return {"flow_run_id": flow_run_id, "run_id": published.run_id if published else run_id, "state": state,
-            "counts": counts, "tables": list(TABLES) if state == "COMPLETED" else [], "message": message}
+    return {
+        "flow_run_id": flow_run_id,
+        "run_id": published.run_id if published else run_id,
+        "state": state,
+        "counts": counts,
+        "tables": list(TABLES) if state == "COMPLETED" else [],
+        "message": message,
+    }
 
 
 class CallbackRefused(Exception):
@@ -90,8 +105,10 @@ def check_callback_url(url: str, allow_private: bool, resolve: bool = False) -> 
         addresses = _resolved(host, parts.port)
     internal = [str(a) for a in addresses if a is not None and is_internal(a)]
     if internal:
-        raise UnsafeCallback(f"callback_url {url!r} leads to {', '.join(internal)}, a loopback, link-local or private "
-                             "address (NIGHTSCORE_CALLBACK_ALLOW_PRIVATE allows it)")
+        raise UnsafeCallback(
+            f"callback_url {url!r} leads to {', '.join(internal)}, a loopback, link-local or private "
+            "address (NIGHTSCORE_CALLBACK_ALLOW_PRIVATE allows it)"
+        )
     return url
 
 
@@ -104,8 +121,14 @@ def _resolved(host: str, port: int | None) -> list[Address | None]:
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
-def post_json(url: str, payload: dict[str, Any], attempts: int = 4, backoff_s: float = 1.0, timeout_s: float = 10.0,
-              allow_private: bool = False) -> bool:
+def post_json(
+    url: str,
+    payload: dict[str, Any],
+    attempts: int = 4,
+    backoff_s: float = 1.0,
+    timeout_s: float = 10.0,
+    allow_private: bool = False,
+) -> bool:
     """POST payload to url, retrying failures with exponential backoff; return whether it was accepted (2xx).
 
     An unsafe URL (`check_callback_url`, host resolved now) is never called: logged, and False returned.
@@ -115,10 +138,18 @@ def post_json(url: str, payload: dict[str, Any], attempts: int = 4, backoff_s: f
     except UnsafeCallback as exc:
         log.warning("callback refused: %s", exc)
         return False
-    retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=backoff_s),
-                        retry=retry_if_exception_type((httpx.HTTPError, CallbackRefused)),
-                        before_sleep=lambda s: log.warning("callback %s failed (attempt %d of %d): %s", url, s.attempt_number,
-                                                           attempts, s.outcome.exception() if s.outcome else ""))
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=backoff_s),
+        retry=retry_if_exception_type((httpx.HTTPError, CallbackRefused)),
+        before_sleep=lambda s: log.warning(
+            "callback %s failed (attempt %d of %d): %s",
+            url,
+            s.attempt_number,
+            attempts,
+            s.outcome.exception() if s.outcome else "",
+        ),
+    )
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
             status = retrying(_post, client, url, payload)

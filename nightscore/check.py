@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
@@ -38,22 +38,34 @@ def _read(lake: Lake, uri: str, dataset: str, columns: dict[str, pl.DataType]) -
     return raw
 
 
-def check_inputs(lake: Lake, settings: Settings, items_uri: str, interactions_uri: str, now: datetime | None = None) -> InputCheck:
+def check_inputs(
+    lake: Lake, settings: Settings, items_uri: str, interactions_uri: str, now: datetime | None = None
+) -> InputCheck:
     """Return the row and dataset contract results for items and interactions files (nothing is written)."""
-    now = now or datetime.now(timezone.utc)
-    rules = InputRules(not_after=now + timedelta(hours=settings.future_tolerance_hours), max_text_chars=settings.max_text_chars,
-                       duplicate_policy=settings.duplicate_id_policy)
+    now = now or datetime.now(UTC)
+    rules = InputRules(
+        not_after=now + timedelta(hours=settings.future_tolerance_hours),
+        max_text_chars=settings.max_text_chars,
+        duplicate_policy=settings.duplicate_id_policy,
+    )
     raw_items = _read(lake, items_uri, "items", ITEM_COLUMNS)
     raw_inter = _read(lake, interactions_uri, "interactions", INTERACTION_COLUMNS)
     items, q_items = validate_items(raw_items, rules, items_uri)
     interactions, q_inter = validate_interactions(raw_inter, items.get_column("item_id"), rules, interactions_uri)
     quarantine = pl.concat([q_items, q_inter])
-    by_rule = quarantine.group_by("dataset", "rule", maintain_order=True).agg(
-        pl.len().alias("failures"), pl.col("value").first().alias("example")).sort("failures", descending=True)
+    by_rule = (
+        quarantine.group_by("dataset", "rule", maintain_order=True)
+        .agg(pl.len().alias("failures"), pl.col("value").first().alias("example"))
+        .sort("failures", descending=True)
+    )
     params = SuiteParams.from_settings(settings)
     suites = [validate_dataset("items", items, None, params), validate_dataset("interactions", interactions, None, params)]
-    return InputCheck(by_rule, {"items": raw_items.height, "interactions": raw_inter.height},
-                      {"items": raw_items.height - items.height, "interactions": raw_inter.height - interactions.height}, suites)
+    return InputCheck(
+        by_rule,
+        {"items": raw_items.height, "interactions": raw_inter.height},
+        {"items": raw_items.height - items.height, "interactions": raw_inter.height - interactions.height},
+        suites,
+    )
 
 
 def check_report(check: InputCheck, max_share: float) -> str:
@@ -64,8 +76,10 @@ def check_report(check: InputCheck, max_share: float) -> str:
     if check.by_rule.height == 0:
         lines.append("(no row fails its contract)")
     for dataset, rows in check.rows.items():
-        lines.append(f"{dataset}: {check.quarantined[dataset]} of {rows} rows would be quarantined "
-                     f"({check.quarantined[dataset] / rows:.1%}; limit {max_share:.0%})")
+        lines.append(
+            f"{dataset}: {check.quarantined[dataset]} of {rows} rows would be quarantined "
+            f"({check.quarantined[dataset] / rows:.1%}; limit {max_share:.0%})"
+        )
     lines += [render_failures(r) for r in check.suites if not r.success]
     lines.append("PASS" if check.passed(max_share) else "FAIL: a run on these files would stop with exit code 3")
     return "\n".join(lines)

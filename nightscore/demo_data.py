@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
 
 logger = logging.getLogger(__name__)
 
-DEMO_BASE_TIME: datetime = datetime(2026, 11, 1, tzinfo=timezone.utc)
+DEMO_BASE_TIME: datetime = datetime(2026, 11, 1, tzinfo=UTC)
 """Fixed "now" of the demo data; every generated timestamp lies before it."""
 
 EVENTS: tuple[str, ...] = ("view", "click", "purchase")
@@ -111,7 +111,7 @@ def topics() -> tuple[str, ...]:
 
 def _epoch_us(moment: datetime) -> int:
     """Return a timezone-aware datetime as integer microseconds since the Unix epoch."""
-    return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // datetime.resolution
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // datetime.resolution
 
 
 def _to_datetime(name: str, epoch_us: np.ndarray) -> pl.Series:
@@ -198,7 +198,7 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
         text_rng = np.random.default_rng([seed, 0, n])
         part = slice(start, start + TEXT_CHUNK)
         titles += _titles(text_rng, topic_idx[part], prefixes[part])
-        bodies += _bodies(text_rng, topic_idx[start:start + TEXT_CHUNK])
+        bodies += _bodies(text_rng, topic_idx[start : start + TEXT_CHUNK])
     numbers = pl.Series(np.arange(1, n_items + 1)).cast(pl.String).str.zfill(6)
     return pl.DataFrame(
         [
@@ -211,8 +211,9 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
     )
 
 
-def _popularity_cdf(rng: np.random.Generator, topic_idx: np.ndarray, n_groups: int = len(TOPIC_WORDS),
-                    item_weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _popularity_cdf(
+    rng: np.random.Generator, topic_idx: np.ndarray, n_groups: int = len(TOPIC_WORDS), item_weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Return items ordered by group and a CDF that rises from g to g + 1 over group g.
 
     Within a group the weights are Zipf over a random order, or the given per-item weights.
@@ -221,8 +222,7 @@ def _popularity_cdf(rng: np.random.Generator, topic_idx: np.ndarray, n_groups: i
     order = np.lexsort((key, topic_idx))
     sorted_topics = topic_idx[order]
     starts = np.searchsorted(sorted_topics, sorted_topics, side="left")
-    weights = (1.0 / (np.arange(topic_idx.size) - starts + 1.0) ** ZIPF_EXPONENT if item_weights is None
-               else item_weights[order])
+    weights = 1.0 / (np.arange(topic_idx.size) - starts + 1.0) ** ZIPF_EXPONENT if item_weights is None else item_weights[order]
     totals = np.bincount(sorted_topics, weights=weights, minlength=n_groups)
     within = np.cumsum(weights) - np.concatenate([[0.0], np.cumsum(totals)])[sorted_topics]
     cdf = sorted_topics + within / totals[sorted_topics]
@@ -314,9 +314,11 @@ def _structure(rng: np.random.Generator, topic_idx: np.ndarray) -> _Structure:
     start, pos, sz = (np.empty(n, dtype=np.int64) for _ in range(3))
     start[bundle_order], pos[bundle_order], sz[bundle_order] = first, np.arange(n) - first, size
     per_topic = max(1, n // (CLUSTER_SIZE * len(TOPIC_WORDS)))
-    cluster = np.where(rng.random(n) < CLUSTER_TOPIC_SHARE,
-                       topic_idx + len(TOPIC_WORDS) * rng.integers(0, per_topic, n),
-                       rng.integers(0, per_topic * len(TOPIC_WORDS), n))
+    cluster = np.where(
+        rng.random(n) < CLUSTER_TOPIC_SHARE,
+        topic_idx + len(TOPIC_WORDS) * rng.integers(0, per_topic, n),
+        rng.integers(0, per_topic * len(TOPIC_WORDS), n),
+    )
     # an item's appeal: Zipf over its rank within its topic; popular items are popular in their cluster too
     in_topic = np.lexsort((rng.random(n), topic_idx))
     rank = np.empty(n, dtype=np.int64)
@@ -368,8 +370,9 @@ def _sample_items(rng: np.random.Generator, topic_idx: np.ndarray, user: np.ndar
     return order[np.minimum(np.searchsorted(cdf, target, side="left"), cdf.size - 1)]
 
 
-def _follow_sessions(rng: np.random.Generator, s: _Structure, anchors: np.ndarray, continues: np.ndarray,
-                     resumes: np.ndarray) -> np.ndarray:
+def _follow_sessions(
+    rng: np.random.Generator, s: _Structure, anchors: np.ndarray, continues: np.ndarray, resumes: np.ndarray
+) -> np.ndarray:
     """Return the items: anchors, where a row continues its session the series successor or a bundle partner.
 
     A row that resumes (a new session) takes the series successor of the previous item only.
@@ -382,7 +385,7 @@ def _follow_sessions(rng: np.random.Generator, s: _Structure, anchors: np.ndarra
     by_depth = np.argsort(depth, kind="stable")
     bounds = np.searchsorted(depth[by_depth], np.arange(1, int(depth.max(initial=0)) + 2))
     for d in range(len(bounds) - 1):
-        rows = by_depth[bounds[d]:bounds[d + 1]]
+        rows = by_depth[bounds[d] : bounds[d + 1]]
         prev = items[rows - 1]
         partner = _bundle_partner(rng, s, prev)
         partner = np.where(resumes[rows], -1, partner)
@@ -391,8 +394,15 @@ def _follow_sessions(rng: np.random.Generator, s: _Structure, anchors: np.ndarra
     return items
 
 
-def _respect_creation(rng: np.random.Generator, items: pl.DataFrame, item_row: np.ndarray, ts_us: np.ndarray,
-                      topic_idx: np.ndarray, user: np.ndarray, n_users: int) -> np.ndarray:
+def _respect_creation(
+    rng: np.random.Generator,
+    items: pl.DataFrame,
+    item_row: np.ndarray,
+    ts_us: np.ndarray,
+    topic_idx: np.ndarray,
+    user: np.ndarray,
+    n_users: int,
+) -> np.ndarray:
     """Return item rows where every interaction before its item's creation is redrawn among older items."""
     created = items.get_column("created_at").dt.epoch("us").to_numpy()
     bad = np.flatnonzero(created[item_row] > ts_us)
@@ -406,8 +416,9 @@ def _respect_creation(rng: np.random.Generator, items: pl.DataFrame, item_row: n
     return item_row
 
 
-def generate_interactions(items: pl.DataFrame, n_users: int = 500, seed: int = 0,
-                          median_interactions: float = INTERACTIONS_MEDIAN) -> pl.DataFrame:
+def generate_interactions(
+    items: pl.DataFrame, n_users: int = 500, seed: int = 0, median_interactions: float = INTERACTIONS_MEDIAN
+) -> pl.DataFrame:
     """Return interactions (user_id, item_id, event, ts) of ``n_users`` users, sorted by user_id and ts."""
     rng = np.random.default_rng([seed, 1])
     counts = _interaction_counts(rng, n_users, median_interactions)
@@ -419,8 +430,7 @@ def generate_interactions(items: pl.DataFrame, n_users: int = 500, seed: int = 0
     resumes[first] = False
     topic_idx = items["topic"].replace_strict(list(topics()), list(range(len(TOPIC_WORDS)))).to_numpy()
     structure = _structure(np.random.default_rng([seed, 2]), topic_idx)
-    item_row = _follow_sessions(rng, structure, _anchors(rng, topic_idx, structure, user, n_users), continues,
-                                resumes)
+    item_row = _follow_sessions(rng, structure, _anchors(rng, topic_idx, structure, user, n_users), continues, resumes)
     ts = _user_timestamps(rng, counts, continues)
     item_row = _respect_creation(rng, items, item_row, ts, topic_idx, user, n_users)
     events = rng.choice(len(EVENTS), size=user.size, p=EVENT_PROBS)
@@ -436,8 +446,9 @@ def generate_interactions(items: pl.DataFrame, n_users: int = 500, seed: int = 0
     return frame.sort("user_id", "ts")
 
 
-def generate_demo_data(n_items: int = 2000, n_users: int = 500, seed: int = 0,
-                       median_interactions: float = INTERACTIONS_MEDIAN) -> tuple[pl.DataFrame, pl.DataFrame]:
+def generate_demo_data(
+    n_items: int = 2000, n_users: int = 500, seed: int = 0, median_interactions: float = INTERACTIONS_MEDIAN
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return the demo (items, interactions) frames for one seed."""
     items = generate_items(n_items, seed)
     interactions = generate_interactions(items, n_users, seed, median_interactions)

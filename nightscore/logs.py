@@ -9,7 +9,7 @@ and to the Prefect UI, where a developer reads it).
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nightscore.errors import is_expected
@@ -55,7 +55,7 @@ class OneLine(logging.Formatter):
 
 def log_file_path(logs_dir: Path, command: str) -> Path:
     """Return a fresh log file path for one command: <logs>/<UTC time>-<command>.log."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     return logs_dir / f"{stamp}-{command}.log"
 
 

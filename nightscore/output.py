@@ -65,8 +65,13 @@ def _num(value: float | None) -> str:
 QuarantineRule = tuple[str, str, int, str]  # dataset, rule, rows, an example row key
 
 
-def summary_text(published: Published, elapsed_s: float | None = None, quarantine: list[QuarantineRule] | None = None,
-                 latest_run: str | None = None, max_tokens: int | None = None) -> str:
+def summary_text(
+    published: Published,
+    elapsed_s: float | None = None,
+    quarantine: list[QuarantineRule] | None = None,
+    latest_run: str | None = None,
+    max_tokens: int | None = None,
+) -> str:
     """Return the short summary of a finished run: rows, quarantine per rule, truncation, tokens, padding, speed, stages.
 
     Args:
@@ -97,8 +102,10 @@ def summary_text(published: Published, elapsed_s: float | None = None, quarantin
     if published.data_docs:
         lines.append("  data docs: " + ", ".join(f"{k} {v}" for k, v in published.data_docs.items()))
     if latest_run is not None and latest_run != r.run_id:
-        lines.append(f"  note: {r.run_date} is older than the latest run {latest_run}: its rows are queryable by run_date; "
-                     "latest_* and the serving cache stay on the latest run")
+        lines.append(
+            f"  note: {r.run_date} is older than the latest run {latest_run}: its rows are queryable by run_date; "
+            "latest_* and the serving cache stay on the latest run"
+        )
     return "\n".join(lines)
 
 
@@ -127,8 +134,11 @@ def quality_table(quality: Sequence[MethodQuality]) -> list[str]:
     if not quality:
         return []
     lines = [f"    {'method':<16}{'recall@K':>10}{'NDCG@10':>10}{'cold recall':>13}{'coverage':>10}"]
-    lines += [f"    {q.method:<16}{_num(q.recall_at_k):>10}{_num(q.ndcg_at_10):>10}{_num(q.cold_recall_at_k):>13}"
-              f"{_num(q.coverage_at_k):>10}" for q in quality]
+    lines += [
+        f"    {q.method:<16}{_num(q.recall_at_k):>10}{_num(q.ndcg_at_10):>10}{_num(q.cold_recall_at_k):>13}"
+        f"{_num(q.coverage_at_k):>10}"
+        for q in quality
+    ]
     return lines
 
 
@@ -136,8 +146,14 @@ def _engine_line(r: RunRecord) -> list[str]:
     """Return the line naming the inference mode (chosen by calibration or pinned) with its fidelity and speed."""
     if r.backend is None:
         return []
-    how = (f"auto, calibrated {_num(r.calibrated_tokens_per_s)} tok/s on {r.calibration_device_kind}"
-           + (" (persisted choice)" if r.calibration_from_cache else "")) if r.calibration_device_kind else "pinned"
+    how = (
+        (
+            f"auto, calibrated {_num(r.calibrated_tokens_per_s)} tok/s on {r.calibration_device_kind}"
+            + (" (persisted choice)" if r.calibration_from_cache else "")
+        )
+        if r.calibration_device_kind
+        else "pinned"
+    )
     return [f"  engine: {r.backend}/{r.precision}@{r.token_budget} ({how}); min cosine to torch fp32 {r.fidelity_min:.5f}"]
 
 
@@ -147,9 +163,11 @@ def _encode_line(published: Published) -> str:
     reuse = f"{r.rows_computed} computed, {r.rows_reused} reused from published vectors"
     if not r.rows_computed:
         return f"  encode: {reuse}, nothing to encode; {published.shards} shards ({r.shards_reused} from checkpoints)"
-    return (f"  encode: {reuse}; {published.shards} shards ({r.shards_reused} from checkpoints); {_num(r.texts_per_s)} texts/s;"
-            f" tokens {r.real_tokens} real / {r.padded_tokens} padded (padding efficiency {_num(r.padding_efficiency)}),"
-            f" {r.truncated_texts} texts truncated")
+    return (
+        f"  encode: {reuse}; {published.shards} shards ({r.shards_reused} from checkpoints); {_num(r.texts_per_s)} texts/s;"
+        f" tokens {r.real_tokens} real / {r.padded_tokens} padded (padding efficiency {_num(r.padding_efficiency)}),"
+        f" {r.truncated_texts} texts truncated"
+    )
 
 
 @contextmanager
@@ -164,8 +182,10 @@ def progress_bar(enabled: bool | None = None) -> Iterator[None]:
         yield
         return
     bars: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as shown:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
+    ) as shown:
+
         def update(stage: str, done: int, total: int) -> None:
             if stage not in bars:
                 bars[stage] = shown.add_task(f"{stage} shards", total=total)

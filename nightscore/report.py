@@ -17,14 +17,22 @@ def cost(published: Published, settings: Settings) -> dict[str, float]:
     encode_s = float(published.stage_seconds.get("encode", 0.0))
     hours = float(record.wall_seconds or 0.0) / 3600
     items = max(int(record.rows_scored or 0), 1)
-    return {"gpu_hours": encode_s / 3600 if record.device.startswith("cuda") else 0.0, "instance_hours": hours,
-            "cost_per_1k_items": settings.hourly_price_usd * hours / items * 1000}
+    return {
+        "gpu_hours": encode_s / 3600 if record.device.startswith("cuda") else 0.0,
+        "instance_hours": hours,
+        "cost_per_1k_items": settings.hourly_price_usd * hours / items * 1000,
+    }
 
 
 def _docs_links(data_docs: dict[str, str]) -> str:
     """Return the Data Docs of a run as text: links when served over HTTP(S), else their lake paths (never file://)."""
-    return ", ".join(f"[{name}]({path})" if path.startswith(("http://", "https://")) else f"{name} `{path}`"
-                     for name, path in sorted(data_docs.items())) or "none"
+    return (
+        ", ".join(
+            f"[{name}]({path})" if path.startswith(("http://", "https://")) else f"{name} `{path}`"
+            for name, path in sorted(data_docs.items())
+        )
+        or "none"
+    )
 
 
 def served_docs(data_docs: dict[str, str], lake_root: str, base_url: str | None) -> dict[str, str]:
@@ -35,7 +43,7 @@ def served_docs(data_docs: dict[str, str], lake_root: str, base_url: str | None)
     served = {}
     for name, path in data_docs.items():
         relative = path.split("://", 1)[-1]
-        served[name] = f"{base_url.rstrip('/')}/{relative[len(root):].lstrip('/')}" if relative.startswith(root) else path
+        served[name] = f"{base_url.rstrip('/')}/{relative[len(root) :].lstrip('/')}" if relative.startswith(root) else path
     return served
 
 
@@ -54,12 +62,20 @@ def contracts_markdown(run_id: str, results: dict[str, dict[str, Any] | None], d
             lines += [f"## {dataset}", "", f"no results recorded; Data Docs: {docs}", ""]
             continue
         verdict = "passed" if result.get("success") else "FAILED"
-        lines += [f"## {dataset} (suite v{result.get('suite_version')}): {verdict}", "", f"Data Docs: {docs}", "",
-                  "| expectation | column | table | result | observed |", "|---|---|---|---|---|"]
+        lines += [
+            f"## {dataset} (suite v{result.get('suite_version')}): {verdict}",
+            "",
+            f"Data Docs: {docs}",
+            "",
+            "| expectation | column | table | result | observed |",
+            "|---|---|---|---|---|",
+        ]
         for outcome in result.get("outcomes", []):
             observed = json.dumps(outcome.get("observed"), default=str)[:120]
-            lines.append(f"| `{outcome['expectation']}` | {outcome.get('column') or ''} | {outcome.get('table')} | "
-                         f"{'ok' if outcome.get('success') else 'FAILED'} | `{observed}` |")
+            lines.append(
+                f"| `{outcome['expectation']}` | {outcome.get('column') or ''} | {outcome.get('table')} | "
+                f"{'ok' if outcome.get('success') else 'FAILED'} | `{observed}` |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -72,8 +88,14 @@ QuarantineRule = tuple[str, str, int, str]  # dataset, rule, rows, an example ro
 NOTHING_ENCODED = "n/a (nothing encoded: every vector reused)"
 
 
-def summary_markdown(published: Published, inputs: dict[str, str], settings: Settings, plots: dict[str, str],
-                     quarantine: list[QuarantineRule] | None = None, docs: str | None = None) -> str:
+def summary_markdown(
+    published: Published,
+    inputs: dict[str, str],
+    settings: Settings,
+    plots: dict[str, str],
+    quarantine: list[QuarantineRule] | None = None,
+    docs: str | None = None,
+) -> str:
     """Return the run's markdown summary: inputs, contracts, counts, quarantine per rule, truncation, speed, device, cost, plots.
 
     docs: the markdown of the contracts' links (Data Docs served over HTTP, or the contracts artifact); default: the
@@ -83,7 +105,8 @@ def summary_markdown(published: Published, inputs: dict[str, str], settings: Set
     computed = bool(r.rows_computed)
     rows = [
         ("run", f"`{r.run_id}` ({r.status}, run_date {r.run_date})"),
-        ("items input", f"`{inputs['items_uri']}`"), ("interactions input", f"`{inputs['interactions_uri']}`"),
+        ("items input", f"`{inputs['items_uri']}`"),
+        ("interactions input", f"`{inputs['interactions_uri']}`"),
         ("contracts", f"row contracts and dataset suites passed; {docs or 'Data Docs: ' + _docs_links(published.data_docs)}"),
         ("items in / quarantined", f"{r.rows_in} / {r.rows_quarantined}"),
         ("interactions in / quarantined", f"{r.interactions_in} / {r.interactions_quarantined}"),
@@ -92,13 +115,22 @@ def summary_markdown(published: Published, inputs: dict[str, str], settings: Set
         ("users with candidates", str(r.users_with_candidates)),
         ("padding efficiency", _number(r.padding_efficiency) if computed else NOTHING_ENCODED),
         ("texts/s (encode)", _number(r.texts_per_s, 1) if computed else NOTHING_ENCODED),
-        ("device", r.device if computed else NOTHING_ENCODED), ("wall", f"{r.wall_seconds:.1f} s"),
+        ("device", r.device if computed else NOTHING_ENCODED),
+        ("wall", f"{r.wall_seconds:.1f} s"),
         ("encode mode", _engine(r)),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
         (f"cost per 1k items (at ${settings.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
-    lines = [f"# Scoring run {r.run_id}", "", *_warnings(r.truncated_texts, r.rows_computed, settings.max_seq_length),
-             "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "", *quarantine_table(quarantine or [])]
+    lines = [
+        f"# Scoring run {r.run_id}",
+        "",
+        *_warnings(r.truncated_texts, r.rows_computed, settings.max_seq_length),
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in rows),
+        "",
+        *quarantine_table(quarantine or []),
+    ]
     for title, uri in plots.items():
         lines += [f"### {title}", f"![{title}]({uri})", ""]
     return "\n".join(lines)
@@ -108,8 +140,11 @@ def _engine(r: RunRecord) -> str:
     """Return the inference mode's cell: backend/precision@budget, how it was chosen, its fidelity."""
     if r.backend is None:
         return "n/a"
-    how = f"auto: calibrated on `{r.calibration_device_kind}`, {_number(r.calibrated_tokens_per_s, 0)} tok/s" \
-        if r.calibration_device_kind else "pinned"
+    how = (
+        f"auto: calibrated on `{r.calibration_device_kind}`, {_number(r.calibrated_tokens_per_s, 0)} tok/s"
+        if r.calibration_device_kind
+        else "pinned"
+    )
     return f"`{r.backend}/{r.precision}@{r.token_budget}` ({how}); min cosine to torch fp32 {_number(r.fidelity_min, 5)}"
 
 
@@ -122,8 +157,11 @@ def _truncated(truncated: int, encoded: int, max_tokens: int) -> str:
 def _warnings(truncated: int, encoded: int, max_tokens: int) -> list[str]:
     if not truncated or not encoded:
         return []
-    return [f"> **Warning:** {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at "
-            f"{max_tokens} tokens: their ends are not in the embeddings.", ""]
+    return [
+        f"> **Warning:** {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at "
+        f"{max_tokens} tokens: their ends are not in the embeddings.",
+        "",
+    ]
 
 
 def quarantine_table(rules: list[QuarantineRule]) -> list[str]:
@@ -137,5 +175,7 @@ def quarantine_table(rules: list[QuarantineRule]) -> list[str]:
 def timing_rows(stage_seconds: dict[str, float]) -> list[dict[str, Any]]:
     """Return the per-stage timing table: stage, seconds, share of the summed stage time."""
     total = sum(stage_seconds.values()) or 1.0
-    return [{"stage": stage, "seconds": round(seconds, 3), "share": f"{seconds / total:.1%}"}
-            for stage, seconds in stage_seconds.items()]
+    return [
+        {"stage": stage, "seconds": round(seconds, 3), "share": f"{seconds / total:.1%}"}
+        for stage, seconds in stage_seconds.items()
+    ]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 
 from nightscore.errors import UsageError
 
@@ -33,7 +33,7 @@ class RunContext:
     @property
     def reference_time(self) -> datetime:
         """Return the end of the run date (UTC): interactions are aged from here."""
-        return datetime.combine(self.date + timedelta(days=1), time(), tzinfo=timezone.utc)
+        return datetime.combine(self.date + timedelta(days=1), time(), tzinfo=UTC)
 
     def as_dict(self) -> dict[str, str]:
         """Return the context as a plain dict."""

@@ -34,6 +34,9 @@ DEFAULT_TOPIC_LABELS: dict[str, str] = {
     "music": "music, bands, albums, concerts and songs",
 }
 
+SourceName = Literal["cooccurrence", "als", "content", "trending", "topic_trending"]
+SOURCE_NAMES: tuple[SourceName, ...] = ("cooccurrence", "als", "content", "trending", "topic_trending")
+
 DEFAULT_EVENT_WEIGHTS: dict[str, float] = {"view": 1.0, "click": 2.0, "purchase": 4.0}
 
 
@@ -120,8 +123,8 @@ class Settings(BaseSettings):
     )
 
     # --- candidates: sources, fusion, ranker, gate (models/candidates.py) ----------------------------
-    candidate_sources: list[Literal["cooccurrence", "als", "content", "trending", "topic_trending"]] = Field(
-        default_factory=lambda: ["cooccurrence", "als", "content", "trending", "topic_trending"],
+    candidate_sources: list[SourceName] = Field(
+        default_factory=lambda: list(SOURCE_NAMES),
         description="Retrieval sources fused into the candidates (content also yields content_new: items with no interactions).")
     candidate_per_source: int = Field(100, ge=1, description="N: each source list's length before the union.")
     candidate_holdout_share: float = Field(

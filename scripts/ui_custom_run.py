@@ -12,8 +12,8 @@ import json
 import sys
 import time
 import urllib.request
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import sync_playwright
 
@@ -55,13 +55,13 @@ def main(ui: str, name: str, out: Path) -> None:
         before = {r["id"] for r in runs_of(ui, deployment["id"])}
         page.get_by_role("button", name="Submit").click()
         flow_run_id = wait_new_run(ui, deployment["id"], before)
-        print(flow_run_id)  # noqa: T201 - the script's output
+        print(flow_run_id)
         while api_json(f"{ui}/api/flow_runs/{flow_run_id}")["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             time.sleep(2)
         page.goto(f"{ui}/runs/flow-run/{flow_run_id}?tab=Artifacts")
         page.wait_for_timeout(5000)
         page.screenshot(path=str(out / "custom-run-artifacts.png"), full_page=True)
-        print(api_json(f"{ui}/api/flow_runs/{flow_run_id}")["state_type"])  # noqa: T201
+        print(api_json(f"{ui}/api/flow_runs/{flow_run_id}")["state_type"])
         browser.close()
 
 

@@ -133,8 +133,11 @@ def _partition_values(con: duckdb.DuckDBPyConnection, source: str) -> list[str]:
 
 def _copy_partition(con: duckdb.DuckDBPyConnection, source: str, value: str, uri: str) -> None:
     """Stream the rows of one run_date, without the run_date column (it is in the folder name), to one Parquet file."""
-    con.execute(f"COPY (select * exclude ({PARTITION_COLUMN}) from {source} where {PARTITION_COLUMN} = ?::date) "
-                f"TO {_quote(uri)} (FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})", [value])
+    con.execute(
+        f"COPY (select * exclude ({PARTITION_COLUMN}) from {source} where {PARTITION_COLUMN} = ?::date) "
+        f"TO {_quote(uri)} (FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})",
+        [value],
+    )
 
 
 @contextmanager

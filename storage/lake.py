@@ -34,8 +34,16 @@ from nightscore.errors import InputUnreadable, LakeUnavailable
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-TRANSPORT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
-                    errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE}
+TRANSPORT_ERRNOS = {
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.EPIPE,
+}
 
 
 def _transport_types() -> tuple[type[BaseException], ...]:
@@ -90,11 +98,14 @@ class Lake:
                 if cause is None:
                     raise
                 if attempt == self.retries:
-                    raise LakeUnavailable(f"lake unavailable: {what} {uri} failed {attempt + 1} time(s): "
-                                          f"{type(cause).__name__}: {_first_line(cause)}") from exc
-                delay = self.backoff_s * 2 ** attempt
-                log.warning("lake: %s %s failed (%s: %s), retrying in %.1f s", what, uri, type(cause).__name__,
-                            _first_line(cause), delay)
+                    raise LakeUnavailable(
+                        f"lake unavailable: {what} {uri} failed {attempt + 1} time(s): "
+                        f"{type(cause).__name__}: {_first_line(cause)}"
+                    ) from exc
+                delay = self.backoff_s * 2**attempt
+                log.warning(
+                    "lake: %s %s failed (%s: %s), retrying in %.1f s", what, uri, type(cause).__name__, _first_line(cause), delay
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
 
@@ -258,8 +269,9 @@ class Lake:
             return self.fs, self.fs._strip_protocol(uri)
         return url_to_fs(uri)
 
-    def iter_frames(self, uri: str, dataset: str = "file", columns: list[str] | None = None,
-                    batch_size: int = 65_536) -> Iterator[pl.DataFrame]:
+    def iter_frames(
+        self, uri: str, dataset: str = "file", columns: list[str] | None = None, batch_size: int = 65_536
+    ) -> Iterator[pl.DataFrame]:
         """Yield the Parquet file at uri as frames of at most batch_size rows, streamed (unreadable -> InputUnreadable).
 
         Opening the file (and reading up to its first batch) is retried on transport failures; a failure after a
@@ -275,8 +287,9 @@ class Lake:
             cause = transport_error(exc)
             if cause is None:
                 raise
-            raise LakeUnavailable(f"lake unavailable: reading {uri} failed midway: {type(cause).__name__}: "
-                                  f"{_first_line(cause)}") from exc
+            raise LakeUnavailable(
+                f"lake unavailable: reading {uri} failed midway: {type(cause).__name__}: {_first_line(cause)}"
+            ) from exc
 
     def parquet_rows(self, uri: str) -> int:
         """Return the row count of the Parquet file at uri from its footer (no rows read)."""
@@ -288,16 +301,19 @@ class Lake:
 
         return self._io("reading", uri, rows)
 
-    def write_parquet_streams(self, rows: Iterable[Sequence[pl.DataFrame]], uris: Sequence[str],
-                              schemas: Sequence[pl.Schema]) -> list[str]:
+    def write_parquet_streams(
+        self, rows: Iterable[Sequence[pl.DataFrame]], uris: Sequence[str], schemas: Sequence[pl.Schema]
+    ) -> list[str]:
         """Write several files in one pass: each item of rows holds one frame per file (a row group each); return uris.
 
         Each file is written atomically as write_parquet_frames writes one; a failure leaves none of them.
         """
         with ExitStack() as stack:
             paths = [stack.enter_context(self._staged_file(uri)) for uri in uris]
-            writers: list[pq.ParquetWriter] = [stack.enter_context(pq.ParquetWriter(path, schema.to_arrow()))
-                                               for path, schema in zip(paths, schemas, strict=True)]
+            writers: list[pq.ParquetWriter] = [
+                stack.enter_context(pq.ParquetWriter(path, schema.to_arrow()))
+                for path, schema in zip(paths, schemas, strict=True)
+            ]
             for frames in rows:
                 for writer, frame in zip(writers, frames, strict=True):
                     table = frame.to_arrow()
@@ -361,8 +377,9 @@ def _unreadable(exc: BaseException, dataset: str, uri: str) -> InputUnreadable:
     return InputUnreadable(f"{dataset} file {uri}: not a readable Parquet file ({_first_line(exc)})")
 
 
-def _first_batch(fs: fsspec.AbstractFileSystem, path: str, uri: str, dataset: str, columns: list[str] | None,
-                 batch_size: int) -> Iterator[pl.DataFrame] | None:
+def _first_batch(
+    fs: fsspec.AbstractFileSystem, path: str, uri: str, dataset: str, columns: list[str] | None, batch_size: int
+) -> Iterator[pl.DataFrame] | None:
     """Open a Parquet file and read its first batch; return an iterator of every batch (None when it has none)."""
     if not fs.exists(path):
         raise InputUnreadable(f"{dataset} file {uri}: not found")
@@ -379,8 +396,9 @@ def _chain(first: pl.DataFrame, rest: Iterator[pl.DataFrame]) -> Iterator[pl.Dat
     yield from rest
 
 
-def _batches(fs: fsspec.AbstractFileSystem, path: str, uri: str, dataset: str, columns: list[str] | None,
-             batch_size: int) -> Iterator[pl.DataFrame]:
+def _batches(
+    fs: fsspec.AbstractFileSystem, path: str, uri: str, dataset: str, columns: list[str] | None, batch_size: int
+) -> Iterator[pl.DataFrame]:
     """Yield the file's batches; a corrupt file raises InputUnreadable, a transport failure itself."""
     try:
         with fs.open(path, "rb") as handle:

@@ -79,8 +79,10 @@ def describe(row: LeaseRow) -> str:
     host, pid, _, token = (row.holder.split(SEP) + ["?"] * 4)[:4]
     now = datetime.now(UTC)
     expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
-    return (f"run {row.run_id or '(starting)'} (flow run {token}, pid {pid} on {host}; "
-            f"lease expires in {max(0.0, (expires - now).total_seconds()):.0f} s)")
+    return (
+        f"run {row.run_id or '(starting)'} (flow run {token}, pid {pid} on {host}; "
+        f"lease expires in {max(0.0, (expires - now).total_seconds()):.0f} s)"
+    )
 
 
 class RunLease:
@@ -135,8 +137,15 @@ class RunLease:
             log.warning("could not release the lease on %s (it lapses in %.0f s): %s", self.key, self.ttl_s, exc)
 
 
-def hold(warehouse: Warehouse, heartbeat: Warehouse, run_date: str, token: str, ttl_s: float, wait_s: float,
-         say: Callable[[str], None] | None = None) -> RunLease:
+def hold(
+    warehouse: Warehouse,
+    heartbeat: Warehouse,
+    run_date: str,
+    token: str,
+    ttl_s: float,
+    wait_s: float,
+    say: Callable[[str], None] | None = None,
+) -> RunLease:
     """Take the run date's lease for token (waiting at most wait_s for a live holder); return it, renewed until released.
 
     warehouse: the adapter that takes the lease (a run's, which may create the table); heartbeat: the one renewals
@@ -158,12 +167,16 @@ def hold(warehouse: Warehouse, heartbeat: Warehouse, run_date: str, token: str, 
         left = deadline - time.monotonic()
         if left <= 0:
             who = describe(held) if held is not None else f"a warehouse lock ({busy})"
-            raise RunBusy(f"run date {run_date} is held by {who}; waited {wait_s:.0f} s (NIGHTSCORE_RUN_LEASE_WAIT_S): "
-                          "try again when it has finished")
+            raise RunBusy(
+                f"run date {run_date} is held by {who}; waited {wait_s:.0f} s (NIGHTSCORE_RUN_LEASE_WAIT_S): "
+                "try again when it has finished"
+            )
         if time.monotonic() - said > 30:
             said = time.monotonic()
-            say(f"waiting for the lease on {run_date} (up to {left:.0f} s more): held by "
-                f"{describe(held) if held is not None else 'a warehouse lock'}")
+            say(
+                f"waiting for the lease on {run_date} (up to {left:.0f} s more): held by "
+                f"{describe(held) if held is not None else 'a warehouse lock'}"
+            )
         time.sleep(min(WAIT_POLL_S, left))
 
 

@@ -75,8 +75,9 @@ def align_pointers(cache: CandidateCache, newest: list[str]) -> str | None:
         return None
     versions = set(cache.versions())
     previous = next((run_id for run_id in newest[1:2] if run_id in versions), None)
-    log.warning("cache pointer %s differs from the warehouse's latest run %s: pointers set to (%s, %s)",
-                current, latest, latest, previous)
+    log.warning(
+        "cache pointer %s differs from the warehouse's latest run %s: pointers set to (%s, %s)", current, latest, latest, previous
+    )
     cache.set_pointers(latest, previous if latest is not None else None)
     return latest or "none"
 
@@ -104,6 +105,7 @@ def retract(warehouse: Warehouse, cache: CandidateCache, run_id: str, reason: st
     Returns the run that is latest again. The failed run's rows go with its warehouse retraction; its cache version
     goes once the warehouse has committed (a failed retraction leaves a version the warehouse still names).
     """
+
     def point_back(latest: str | None) -> None:
         if before is not None:
             take_back(cache, run_id, before)
@@ -118,6 +120,7 @@ def retract(warehouse: Warehouse, cache: CandidateCache, run_id: str, reason: st
 
 def rollback(warehouse: Warehouse, cache: CandidateCache) -> tuple[str, str | None]:
     """Point the warehouse's latest_* views and the cache back to the previous published run, together."""
+
     def switch(run_id: str) -> None:
         if run_id not in cache.versions():
             raise PublishError(f"cache has no entries of run {run_id}: cannot roll the cache back to it")

@@ -36,8 +36,9 @@ def lake_for(settings: Settings) -> Lake:
 
 def warehouse_for(settings: Settings, embedding_dim: int | None = None) -> Warehouse:
     """Return the warehouse adapter for settings.warehouse_location (embedding_dim: a run's, so it may create it)."""
-    return open_warehouse(settings.warehouse_location, embedding_dim=embedding_dim,
-                          lock_timeout_s=settings.warehouse_lock_timeout_s)
+    return open_warehouse(
+        settings.warehouse_location, embedding_dim=embedding_dim, lock_timeout_s=settings.warehouse_lock_timeout_s
+    )
 
 
 def query_warehouse_for(settings: Settings) -> Warehouse:

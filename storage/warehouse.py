@@ -26,8 +26,8 @@ from nightscore.errors import NightscoreError, PublishError, QueryRefused, Usage
 from storage.warehouse_schema import (
     CANDIDATE_COLUMNS,
     ITEM_SCORE_COLUMNS,
-    NEWEST_FIRST,
     METRIC_COLUMNS,
+    NEWEST_FIRST,
     QUARANTINE_COLUMNS,
     RUN_COLUMNS,
     ddl,
@@ -83,8 +83,13 @@ class Warehouse(ABC):
 
     @abstractmethod
     def publish(
-        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[str], None] | None = None,
-        fence: LeaseFence | None = None, keep_replaced: bool = False,
+        self,
+        run: dict[str, Any],
+        item_scores: Rows,
+        candidates: Rows,
+        before_commit: Callable[[str], None] | None = None,
+        fence: LeaseFence | None = None,
+        keep_replaced: bool = False,
     ) -> str:
         """Publish run in one transaction (rows of the same run_date replaced); return the latest published run after it."""
 
@@ -153,8 +158,10 @@ class Warehouse(ABC):
         The one lookup of "the latest published run" (the ``latest_*`` views order runs the same way). Only a
         warehouse that does not exist yet means "none"; a locked or unreachable one raises.
         """
-        sql = (f"SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id <> ? "
-               f"ORDER BY {NEWEST_FIRST} LIMIT 1")
+        sql = (
+            f"SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id <> ? "
+            f"ORDER BY {NEWEST_FIRST} LIMIT 1"
+        )
         try:
             rows = self.query(sql, [excluding or ""]).rows
         except WarehouseMissing:
@@ -229,8 +236,13 @@ class SqlWarehouse(Warehouse):
         return metrics.num_rows
 
     def publish(
-        self, run: dict[str, Any], item_scores: Rows, candidates: Rows, before_commit: Callable[[str], None] | None = None,
-        fence: LeaseFence | None = None, keep_replaced: bool = False,
+        self,
+        run: dict[str, Any],
+        item_scores: Rows,
+        candidates: Rows,
+        before_commit: Callable[[str], None] | None = None,
+        fence: LeaseFence | None = None,
+        keep_replaced: bool = False,
     ) -> str:
         """Put this run's rows in and mark it published, all in one transaction; return the latest published run after it.
 
@@ -259,8 +271,12 @@ class SqlWarehouse(Warehouse):
             found = session.run("SELECT run_date FROM scoring_runs WHERE run_id = ? AND status = 'published'", [run_id])
             if not found:
                 return 0
-            return sum(len(session.run(f"DELETE FROM {table} WHERE run_date = ? AND run_id <> ? RETURNING run_id",
-                                       [found[0][0], run_id])) for table in ("item_scores", "user_candidates"))
+            return sum(
+                len(
+                    session.run(f"DELETE FROM {table} WHERE run_date = ? AND run_id <> ? RETURNING run_id", [found[0][0], run_id])
+                )
+                for table in ("item_scores", "user_candidates")
+            )
 
     def mark_run(self, flow_run_id: str, status: str, message: str) -> int:
         """Set status and message of the unpublished run of a Prefect flow run; return rows changed."""
@@ -308,8 +324,11 @@ class SqlWarehouse(Warehouse):
         pointers back. A run that is not published is left alone (nothing to take back).
         """
         with self._transaction() as session:
-            changed = session.run("UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? "
-                                  "AND status = 'published' RETURNING run_date", [message[:1000], run_id])
+            changed = session.run(
+                "UPDATE scoring_runs SET status = 'failed', message = ? WHERE run_id = ? "
+                "AND status = 'published' RETURNING run_date",
+                [message[:1000], run_id],
+            )
             if changed:
                 for table in ("item_scores", "user_candidates"):
                     session.run(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
@@ -330,24 +349,33 @@ class SqlWarehouse(Warehouse):
         """Take key for holder unless a live other holder has it (not expired, not stale); return that holder's row."""
         now = _now()
         with self._lease_transaction() as session:
-            rows = session.run("SELECT lease_key, run_id, holder, renewed_at, expires_at FROM run_leases "
-                               "WHERE lease_key = ?", [key])
+            rows = session.run(
+                "SELECT lease_key, run_id, holder, renewed_at, expires_at FROM run_leases WHERE lease_key = ?", [key]
+            )
             current = LeaseRow(*rows[0]) if rows else None
-            if current is not None and current.holder != holder and _aware(current.expires_at) > now \
-                    and not is_stale(current.holder):
+            if (
+                current is not None
+                and current.holder != holder
+                and _aware(current.expires_at) > now
+                and not is_stale(current.holder)
+            ):
                 return current
             session.run("DELETE FROM run_leases WHERE lease_key = ?", [key])
-            session.run("INSERT INTO run_leases (lease_key, holder, acquired_at, renewed_at, expires_at) VALUES (?, ?, ?, ?, ?)",
-                        [key, holder, now, now, now + timedelta(seconds=ttl_s)])
+            session.run(
+                "INSERT INTO run_leases (lease_key, holder, acquired_at, renewed_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                [key, holder, now, now, now + timedelta(seconds=ttl_s)],
+            )
         return None
 
     def renew_lease(self, key: str, holder: str, ttl_s: float, run_id: str | None = None) -> bool:
         """Push holder's lease on key ttl_s ahead (recording run_id when given); return False when holder lost it."""
         now = _now()
         with self._lease_transaction() as session:
-            changed = session.run("UPDATE run_leases SET renewed_at = ?, expires_at = ?, run_id = COALESCE(?, run_id) "
-                                  "WHERE lease_key = ? AND holder = ? RETURNING lease_key",
-                                  [now, now + timedelta(seconds=ttl_s), run_id, key, holder])
+            changed = session.run(
+                "UPDATE run_leases SET renewed_at = ?, expires_at = ?, run_id = COALESCE(?, run_id) "
+                "WHERE lease_key = ? AND holder = ? RETURNING lease_key",
+                [now, now + timedelta(seconds=ttl_s), run_id, key, holder],
+            )
         return bool(changed)
 
     def release_lease(self, key: str, holder: str) -> None:
@@ -382,11 +410,15 @@ class SqlWarehouse(Warehouse):
                 marks = ", ".join("?" for _ in touched)
                 for table in RUN_DATA_TABLES:
                     session.run(f"DELETE FROM {table} WHERE run_id IN ({marks})", sorted(touched))
-                session.run(f"UPDATE scoring_runs SET status = 'pruned' WHERE status = 'published' AND run_id IN ({marks})",
-                            sorted(touched))
+                session.run(
+                    f"UPDATE scoring_runs SET status = 'pruned' WHERE status = 'published' AND run_id IN ({marks})",
+                    sorted(touched),
+                )
             dates = {row[0]: str(row[1]) for row in session.run("SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs")}
-            published = {str(row[0]) for row in session.run(f"SELECT CAST(run_date AS VARCHAR) FROM ({_PUBLISHED}) p "
-                                                            "JOIN scoring_runs USING (run_id)")}
+            published = {
+                str(row[0])
+                for row in session.run(f"SELECT CAST(run_date AS VARCHAR) FROM ({_PUBLISHED}) p JOIN scoring_runs USING (run_id)")
+            }
             folders = doomed | (_superseded_attempts(session) - live)
         log.info("pruned %d run(s); %d run folder(s) may go", len(touched), len(folders))
         gone = sorted({dates[run_id] for run_id in touched} - published)
@@ -428,8 +460,9 @@ def _runs_to_prune(session: Session, keep_runs: int | None, keep_days: int | Non
 
 def _live_runs(session: Session) -> set[str]:
     """Return the runs whose attempt holds a lease that has not expired (never pruned under a running attempt)."""
-    exists = session.run("SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_leases' "
-                         "AND table_schema = current_schema()")
+    exists = session.run(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_leases' AND table_schema = current_schema()"
+    )
     if not exists or not exists[0][0]:
         return set()
     return {row[0] for row in session.run("SELECT run_id FROM run_leases WHERE expires_at > ? AND run_id IS NOT NULL", [_now()])}
@@ -440,7 +473,8 @@ def _superseded_attempts(session: Session) -> set[str]:
     rows = session.run(
         "SELECT a.run_id FROM scoring_runs a WHERE a.status IN ('failed', 'interrupted', 'running') AND EXISTS ("
         "SELECT 1 FROM scoring_runs p WHERE p.run_date = a.run_date AND p.run_id <> a.run_id "
-        "AND p.published_at IS NOT NULL AND p.published_at > a.started_at)")
+        "AND p.published_at IS NOT NULL AND p.published_at > a.started_at)"
+    )
     return {row[0] for row in rows}
 
 
@@ -487,9 +521,11 @@ def _supersede_run_date(session: Session, run_id: str, run_date: Any, keep_repla
 
 def _restore_replaced(session: Session, run_date: Any) -> None:
     """Publish again the newest 'replaced' run of run_date whose rows are still in the warehouse (a retraction's undo)."""
-    rows = session.run("SELECT run_id FROM scoring_runs WHERE run_date = ? AND status = 'replaced' AND run_id IN "
-                       "(SELECT DISTINCT run_id FROM item_scores WHERE run_date = ?) ORDER BY published_at DESC LIMIT 1",
-                       [run_date, run_date])
+    rows = session.run(
+        "SELECT run_id FROM scoring_runs WHERE run_date = ? AND status = 'replaced' AND run_id IN "
+        "(SELECT DISTINCT run_id FROM item_scores WHERE run_date = ?) ORDER BY published_at DESC LIMIT 1",
+        [run_date, run_date],
+    )
     if rows:
         session.run("UPDATE scoring_runs SET status = 'published' WHERE run_id = ?", [rows[0][0]])
         log.warning("run %s of %s is published again: the run that replaced it was retracted", rows[0][0], run_date)
@@ -548,8 +584,11 @@ class DuckDBSession:
 # The analysts' DuckDB connection: no file, network or extension access beyond the warehouse file itself
 # (COPY, EXPORT, ATTACH, read_csv/read_text/glob and INSTALL are refused by DuckDB), settings frozen.
 ANALYST_DUCKDB_CONFIG: dict[str, str | bool] = {
-    "enable_external_access": False, "autoinstall_known_extensions": False, "autoload_known_extensions": False,
-    "allow_unsigned_extensions": False, "lock_configuration": True,
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_unsigned_extensions": False,
+    "lock_configuration": True,
 }
 
 
@@ -560,8 +599,15 @@ class DuckDBWarehouse(SqlWarehouse):
     ``lock_retries`` attempts are made.
     """
 
-    def __init__(self, path: str, embedding_dim: int | None = None, lock_retries: int = 8, lock_backoff_s: float = 0.25,
-                 memory_limit: str = DUCKDB_MEMORY_LIMIT, lock_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        embedding_dim: int | None = None,
+        lock_retries: int = 8,
+        lock_backoff_s: float = 0.25,
+        memory_limit: str = DUCKDB_MEMORY_LIMIT,
+        lock_timeout_s: float | None = None,
+    ) -> None:
         self.path = path
         self.memory_limit = memory_limit
         self.embedding_dim = embedding_dim
@@ -599,12 +645,15 @@ class DuckDBWarehouse(SqlWarehouse):
 
     def _check_width(self, con: duckdb.DuckDBPyConnection, width: int) -> None:
         """Refuse a run whose embeddings do not fit the warehouse's item_scores.embedding column."""
-        row = con.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'item_scores' "
-                          "AND column_name = 'embedding'").fetchone()
+        row = con.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = 'item_scores' AND column_name = 'embedding'"
+        ).fetchone()
         declared = re.search(r"\[(\d+)\]", row[0]) if row else None
         if declared and int(declared.group(1)) != width:
-            raise PublishError(f"warehouse {self.path} holds {declared.group(1)}-wide embeddings and this run's model makes "
-                               f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)")
+            raise PublishError(
+                f"warehouse {self.path} holds {declared.group(1)}-wide embeddings and this run's model makes "
+                f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)"
+            )
 
     def _connect_with_retry(self, read_only: bool, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
         """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
@@ -612,11 +661,16 @@ class DuckDBWarehouse(SqlWarehouse):
         A lock still held at the end of the bounded wait raises WarehouseBusy (a PublishError), never
         WarehouseMissing: a locked warehouse is not "no warehouse yet".
         """
-        stop = (stop_after_delay(self.lock_timeout_s) if self.lock_timeout_s is not None
-                else stop_after_attempt(self.lock_retries + 1))
+        stop = (
+            stop_after_delay(self.lock_timeout_s)
+            if self.lock_timeout_s is not None
+            else stop_after_attempt(self.lock_retries + 1)
+        )
         retrying = Retrying(
-            retry=retry_if_exception(_is_lock_error), stop=stop,
-            wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0), reraise=True,
+            retry=retry_if_exception(_is_lock_error),
+            stop=stop,
+            wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0),
+            reraise=True,
             before_sleep=lambda state: log.warning("warehouse %s locked (attempt %d), retrying", self.path, state.attempt_number),
         )
         started = time.monotonic()
@@ -625,8 +679,9 @@ class DuckDBWarehouse(SqlWarehouse):
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
-            raise WarehouseBusy(f"warehouse {self.path} is locked by another process (waited "
-                                f"{time.monotonic() - started:.0f} s): {_line(exc)}") from exc
+            raise WarehouseBusy(
+                f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): {_line(exc)}"
+            ) from exc
 
     def _read_connection(self, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
         """Return a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
@@ -673,10 +728,13 @@ def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if len(statements) != 1:
         raise QueryRefused(f"query refused: give exactly one statement, got {len(statements)}")
     if statements[0].type != duckdb.StatementType.SELECT:
-        raise QueryRefused(f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, "
-                           f"got {statements[0].type.name}")
-    known = {str(row[0]) for row in con.execute(
-        "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()}
+        raise QueryRefused(
+            f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, got {statements[0].type.name}"
+        )
+    known = {
+        str(row[0])
+        for row in con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()
+    }
     foreign = sorted(name for name in con.get_table_names(sql) if name not in known)
     if foreign:
         raise QueryRefused(f"query refused: {', '.join(foreign)} is not a warehouse table or view")

@@ -45,7 +45,8 @@ ROLE_SQL = (
     "SELECT r.rolsuper, ARRAY(SELECT g FROM unnest(%s::text[]) AS g WHERE pg_has_role(current_user, g, 'MEMBER')), "
     "ARRAY(SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace "
     "AND c.relkind = 'r' AND has_table_privilege(c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE') ORDER BY 1) "
-    "FROM pg_roles r WHERE r.rolname = current_user")
+    "FROM pg_roles r WHERE r.rolname = current_user"
+)
 _LEADING_NOISE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/|\()*", re.DOTALL)
 READ_KEYWORDS = ("select", "with", "values", "table")
 _LITERAL_OR_MARK = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\$(\w*)\$.*?\$\1\$|\?""", re.DOTALL)
@@ -71,8 +72,11 @@ class PostgresSession:
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
         with self.conn.cursor() as cursor, cursor.copy(statement) as copy:
             copy.set_types([COPY_TYPES[k] for k in kinds])
-            batches = rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS) if isinstance(rows, pa.Table) \
-                else (batch.select(columns) for batch in rows)  # a stream: one batch in memory at a time
+            batches = (
+                rows.select(columns).to_batches(max_chunksize=COPY_BATCH_ROWS)
+                if isinstance(rows, pa.Table)
+                else (batch.select(columns) for batch in rows)
+            )  # a stream: one batch in memory at a time
             for batch in batches:
                 for row in zip(*(copy_values(batch.column(i), k) for i, k in enumerate(kinds)), strict=True):
                     copy.write_row(row)
@@ -81,8 +85,9 @@ class PostgresSession:
 class PostgresWarehouse(SqlWarehouse):
     """A schema on a PostgreSQL server; one connection per operation, closed after it."""
 
-    def __init__(self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10,
-                 lock_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, url: str, embedding_dim: int | None = None, connect_timeout_s: int = 10, lock_timeout_s: float = 120.0
+    ) -> None:
         self.url, self.where = url, redact(url)
         self.embedding_dim = embedding_dim
         self.connect_timeout_s, self.lock_timeout_s = connect_timeout_s, lock_timeout_s
@@ -179,16 +184,20 @@ def check_analyst_role(conn: psycopg.Connection[Any], where: str) -> None:
     """Refuse a superuser or a server-file role for analysts' SQL (UsageError); warn loudly about write privileges."""
     row = conn.execute(ROLE_SQL, [list(SERVER_FILE_ROLES)]).fetchone()
     superuser, file_roles, writable = (row[0], row[1], row[2]) if row else (False, [], [])
-    fix = ("connect `nightscore query` with a read-only role (README, 'Analysts on PostgreSQL'; "
-           "NIGHTSCORE_QUERY_WAREHOUSE_URL)")
+    fix = "connect `nightscore query` with a read-only role (README, 'Analysts on PostgreSQL'; NIGHTSCORE_QUERY_WAREHOUSE_URL)"
     if superuser:
-        raise UsageError(f"warehouse {where}: refusing analysts' SQL as a superuser (it could read and write the "
-                         f"server's files); {fix}")
+        raise UsageError(
+            f"warehouse {where}: refusing analysts' SQL as a superuser (it could read and write the server's files); {fix}"
+        )
     if file_roles:
         raise UsageError(f"warehouse {where}: refusing analysts' SQL as a member of {', '.join(file_roles)}; {fix}")
     if writable:
-        log.warning("warehouse %s: the query role can write %s; the read-only transaction stops it, but %s",
-                    where, ", ".join(writable), fix)
+        log.warning(
+            "warehouse %s: the query role can write %s; the read-only transaction stops it, but %s",
+            where,
+            ", ".join(writable),
+            fix,
+        )
 
 
 def _schema_exists(conn: psycopg.Connection[Any]) -> bool:
@@ -200,18 +209,20 @@ def _check_width(conn: psycopg.Connection[Any], width: int, where: str) -> None:
     """Refuse a run whose embeddings do not fit the schema's item_scores.embedding check (cardinality = width)."""
     row = conn.execute(
         "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c WHERE c.conrelid = to_regclass('item_scores') "
-        "AND c.contype = 'c' AND pg_get_constraintdef(c.oid) LIKE '%cardinality(embedding)%'").fetchone()
+        "AND c.contype = 'c' AND pg_get_constraintdef(c.oid) LIKE '%cardinality(embedding)%'"
+    ).fetchone()
     declared = re.search(r"=\s*(\d+)", row[0]) if row else None
     if declared and int(declared.group(1)) != width:
-        raise PublishError(f"warehouse {where} holds {declared.group(1)}-wide embeddings and this run's model makes "
-                           f"{width}-wide ones: publish to a new schema or database (NIGHTSCORE_WAREHOUSE_URL)")
+        raise PublishError(
+            f"warehouse {where} holds {declared.group(1)}-wide embeddings and this run's model makes "
+            f"{width}-wide ones: publish to a new schema or database (NIGHTSCORE_WAREHOUSE_URL)"
+        )
 
 
 def _missing_objects(conn: psycopg.Connection[Any]) -> int:
     """Return how many warehouse tables, views and indexes the current schema lacks."""
     row = conn.execute(
-        "SELECT count(*) FROM unnest(%s::text[]) AS name "
-        "WHERE to_regclass(quote_ident(current_schema()) || '.' || name) IS NULL",
+        "SELECT count(*) FROM unnest(%s::text[]) AS name WHERE to_regclass(quote_ident(current_schema()) || '.' || name) IS NULL",
         [object_names("postgres")],
     ).fetchone()
     return int(row[0]) if row else 0

@@ -12,12 +12,24 @@ Dialect = Literal["duckdb", "postgres"]
 
 SQL_TYPES: dict[str, dict[str, str]] = {
     "duckdb": {
-        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT", "boolean": "BOOLEAN",
-        "double": "DOUBLE", "vector": "FLOAT[{dim}]",
+        "text": "VARCHAR",
+        "date": "DATE",
+        "timestamp": "TIMESTAMPTZ",
+        "int": "INTEGER",
+        "bigint": "BIGINT",
+        "boolean": "BOOLEAN",
+        "double": "DOUBLE",
+        "vector": "FLOAT[{dim}]",
     },
     "postgres": {
-        "text": "VARCHAR", "date": "DATE", "timestamp": "TIMESTAMPTZ", "int": "INTEGER", "bigint": "BIGINT", "boolean": "BOOLEAN",
-        "double": "DOUBLE PRECISION", "vector": "REAL[] CHECK (cardinality({name}) = {dim})",
+        "text": "VARCHAR",
+        "date": "DATE",
+        "timestamp": "TIMESTAMPTZ",
+        "int": "INTEGER",
+        "bigint": "BIGINT",
+        "boolean": "BOOLEAN",
+        "double": "DOUBLE PRECISION",
+        "vector": "REAL[] CHECK (cardinality({name}) = {dim})",
     },
 }
 
@@ -78,21 +90,41 @@ CANDIDATE_LISTS = ("cooccurrence", "als", "content", "content_new", "trending", 
 TABLES: dict[str, dict[str, str]] = {
     "scoring_runs": RUN_COLUMNS,
     "item_scores": {
-        "run_id": "text NOT NULL", "run_date": "date NOT NULL", "item_id": "text NOT NULL",
-        "model_version": "text NOT NULL", "topic": "text NOT NULL", "topic_score": "double NOT NULL",
-        "token_count": "int NOT NULL", "content_hash": "text NOT NULL", "embedding": "vector NOT NULL",
+        "run_id": "text NOT NULL",
+        "run_date": "date NOT NULL",
+        "item_id": "text NOT NULL",
+        "model_version": "text NOT NULL",
+        "topic": "text NOT NULL",
+        "topic_score": "double NOT NULL",
+        "token_count": "int NOT NULL",
+        "content_hash": "text NOT NULL",
+        "embedding": "vector NOT NULL",
     },
     "user_candidates": {
-        "run_id": "text NOT NULL", "run_date": "date NOT NULL", "user_id": "text NOT NULL", "rank": "int NOT NULL",
-        "item_id": "text NOT NULL", "score": "double NOT NULL", "rrf_score": "double", "sources": "text",
-        **{f"rank_{name}": "int" for name in CANDIDATE_LISTS}, **{f"score_{name}": "double" for name in CANDIDATE_LISTS},
+        "run_id": "text NOT NULL",
+        "run_date": "date NOT NULL",
+        "user_id": "text NOT NULL",
+        "rank": "int NOT NULL",
+        "item_id": "text NOT NULL",
+        "score": "double NOT NULL",
+        "rrf_score": "double",
+        "sources": "text",
+        **{f"rank_{name}": "int" for name in CANDIDATE_LISTS},
+        **{f"score_{name}": "double" for name in CANDIDATE_LISTS},
     },
     "retrieval_metrics": {
-        "run_id": "text NOT NULL", "method": "text NOT NULL", "metric": "text NOT NULL", "value": "double",
+        "run_id": "text NOT NULL",
+        "method": "text NOT NULL",
+        "metric": "text NOT NULL",
+        "value": "double",
     },
     "quarantine": {
-        "run_id": "text NOT NULL", "dataset": "text NOT NULL", "row_key": "text", "reason": "text NOT NULL",
-        "rule": "text", "value": "text",
+        "run_id": "text NOT NULL",
+        "dataset": "text NOT NULL",
+        "row_key": "text",
+        "reason": "text NOT NULL",
+        "rule": "text",
+        "value": "text",
     },
 }
 
@@ -101,8 +133,12 @@ TABLES: dict[str, dict[str, str]] = {
 INTERNAL_TABLES: dict[str, dict[str, str]] = {
     # One row per run_date with a live run: who holds it and until when (heartbeats push expires_at).
     "run_leases": {
-        "lease_key": "text PRIMARY KEY", "run_id": "text", "holder": "text NOT NULL", "acquired_at": "timestamp",
-        "renewed_at": "timestamp", "expires_at": "timestamp",
+        "lease_key": "text PRIMARY KEY",
+        "run_id": "text",
+        "holder": "text NOT NULL",
+        "acquired_at": "timestamp",
+        "renewed_at": "timestamp",
+        "expires_at": "timestamp",
     },
 }
 
@@ -173,9 +209,12 @@ def upgrade_ddl(dialect: Dialect) -> list[str]:
 
 def added_columns(dialect: Dialect) -> list[str]:
     """Return ALTER TABLE ... ADD COLUMN IF NOT EXISTS for every column a warehouse made by an older release may lack."""
-    return [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {column_sql(name, spec, dialect, 0)}"
-            for table, columns in TABLES.items() for name, spec in columns.items()
-            if "PRIMARY KEY" not in spec and "NOT NULL" not in spec]
+    return [
+        f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {column_sql(name, spec, dialect, 0)}"
+        for table, columns in TABLES.items()
+        for name, spec in columns.items()
+        if "PRIMARY KEY" not in spec and "NOT NULL" not in spec
+    ]
 
 
 def object_names(dialect: Dialect) -> list[str]:

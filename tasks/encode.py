@@ -37,11 +37,20 @@ log = logging.getLogger(__name__)
 def encoder_spec(settings: Settings) -> EncoderSpec:
     """Return the encoder spec the settings ask for (auto still to be resolved by calibration: see plan-shards)."""
     return EncoderSpec(
-        settings.encoder, settings.device, settings.precision, settings.max_seq_length, settings.num_threads,
-        model_path=settings.model, backend=settings.backend, cache_dir=str(settings.engine_cache),
-        float_floor=settings.fidelity_floor_float, int8_floor=settings.fidelity_floor_int8, token_budget=settings.token_budget,
+        settings.encoder,
+        settings.device,
+        settings.precision,
+        settings.max_seq_length,
+        settings.num_threads,
+        model_path=settings.model,
+        backend=settings.backend,
+        cache_dir=str(settings.engine_cache),
+        float_floor=settings.fidelity_floor_float,
+        int8_floor=settings.fidelity_floor_int8,
+        token_budget=settings.token_budget,
         calibration_budgets=tuple(settings.calibration_budgets) if settings.calibration_budgets else None,
-        recalibrate=settings.recalibrate)
+        recalibrate=settings.recalibrate,
+    )
 
 
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
@@ -56,8 +65,9 @@ def encode_shard(run: RunRef, plan: Plan, shard: int) -> ShardResult:
 def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     """Return the shard's checkpoint when done, else encode it, write it and commit its marker."""
     lake, cfg = lake_for(run.settings), run.settings
-    rows = lake.read_parquet(plan.plan_uri, "plan", columns=["item_id", "text", "content_hash", "shard"],
-                             where=pl.col("shard") == shard)  # only this shard's rows: the plan holds the whole run
+    rows = lake.read_parquet(
+        plan.plan_uri, "plan", columns=["item_id", "text", "content_hash", "shard"], where=pl.col("shard") == shard
+    )  # only this shard's rows: the plan holds the whole run
     spec = plan.spec  # auto's choice, pinned at planning: every shard encodes in the same mode
     base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, plan.model_version, spec)}")
     done = lake.read_json(f"{base}.done")
@@ -65,16 +75,33 @@ def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
         log.info("shard %d: reused checkpoint %s.parquet (%d texts)", shard, base, done["texts"])
         return ShardResult.from_marker(done)
     encoder = get_encoder(spec)
-    vectors, stats = encode_texts(encoder, rows.get_column("text").to_list(), spec.token_budget,
-                                  before_batch=lambda: raise_if_stopped(f"shard {shard}"))
+    vectors, stats = encode_texts(
+        encoder, rows.get_column("text").to_list(), spec.token_budget, before_batch=lambda: raise_if_stopped(f"shard {shard}")
+    )
     frame = rows.select("item_id").with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, encoder.dim)))
     lake.write_parquet(frame, f"{base}.parquet")
-    result = ShardResult(shard, f"{base}.parquet", str(encoder.device), encoder.version, stats.texts, stats.real_tokens,
-                         stats.padded_tokens, stats.truncated, stats.batches, stats.oom_splits, stats.seconds,
-                         encoder.load_seconds)
+    result = ShardResult(
+        shard,
+        f"{base}.parquet",
+        str(encoder.device),
+        encoder.version,
+        stats.texts,
+        stats.real_tokens,
+        stats.padded_tokens,
+        stats.truncated,
+        stats.batches,
+        stats.oom_splits,
+        stats.seconds,
+        encoder.load_seconds,
+    )
     lake.write_json(result.as_json(), f"{base}.done")  # the commit: only now is the shard done
-    log.info("shard %d: %d texts, %.0f texts/s, padding efficiency %.3f", shard, stats.texts,
-             stats.texts / max(stats.seconds, 1e-9), stats.padding_efficiency)
+    log.info(
+        "shard %d: %d texts, %.0f texts/s, padding efficiency %.3f",
+        shard,
+        stats.texts,
+        stats.texts / max(stats.seconds, 1e-9),
+        stats.padding_efficiency,
+    )
     fault_point(f"shard:{shard}", cfg.fault_pause_at, Path(cfg.home) / "faults")
     return result
 
@@ -127,8 +154,9 @@ def report_progress(plan: Plan, shard: int) -> None:
     done, total = plan.shards.index(shard) + 1, len(plan.shards)
     local_progress.report("encode", done, total)
     if plan.progress_artifact:
-        update_progress_artifact(UUID(plan.progress_artifact), 100.0 * done / max(total, 1),
-                                 description=f"Encode: {done} of {total} shard(s) done")
+        update_progress_artifact(
+            UUID(plan.progress_artifact), 100.0 * done / max(total, 1), description=f"Encode: {done} of {total} shard(s) done"
+        )
 
 
 @task(name="merge-encode-stats", cache_policy=NO_CACHE)
@@ -136,10 +164,19 @@ def merge_encode_stats(shards: Sequence[ShardResult], plan: Plan) -> EncodeTotal
     """Return the run's encode totals: counters of the shards computed now summed, reuse counted apart."""
     computed = [s for s in shards if not s.reused]
     return EncodeTotals(
-        texts=sum(s.texts for s in computed), real_tokens=sum(s.real_tokens for s in computed),
-        padded_tokens=sum(s.padded_tokens for s in computed), truncated=plan.truncated,
-        batches=sum(s.batches for s in computed), oom_splits=sum(s.oom_splits for s in computed),
-        seconds=sum(s.seconds for s in computed), shards=len(shards), shards_reused=len(shards) - len(computed),
-        device=computed[0].device if computed else "none", model_version=plan.model_version,
-        rows_reused=plan.rows_reused, rows_computed=plan.rows_computed,
-        load_seconds=max((s.load_seconds for s in computed), default=0.0), engine=plan.engine)
+        texts=sum(s.texts for s in computed),
+        real_tokens=sum(s.real_tokens for s in computed),
+        padded_tokens=sum(s.padded_tokens for s in computed),
+        truncated=plan.truncated,
+        batches=sum(s.batches for s in computed),
+        oom_splits=sum(s.oom_splits for s in computed),
+        seconds=sum(s.seconds for s in computed),
+        shards=len(shards),
+        shards_reused=len(shards) - len(computed),
+        device=computed[0].device if computed else "none",
+        model_version=plan.model_version,
+        rows_reused=plan.rows_reused,
+        rows_computed=plan.rows_computed,
+        load_seconds=max((s.load_seconds for s in computed), default=0.0),
+        engine=plan.engine,
+    )

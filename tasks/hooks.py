@@ -53,8 +53,11 @@ def _callback_url(flow_run: Any) -> str | None:
 
 def _run_id(flow_run_id: str) -> str | None:
     try:
-        rows = warehouse_for(current_settings()).query(
-            "SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id]).rows
+        rows = (
+            warehouse_for(current_settings())
+            .query("SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id])
+            .rows
+        )
     except Exception:  # noqa: BLE001 - the callback still goes out without a run id
         return None
     return rows[0][0] if rows else None
@@ -72,7 +75,12 @@ def call_back(flow: Any, flow_run: Any, state: Any) -> None:
             published = state.result(raise_on_failure=False)
         except Exception:  # noqa: BLE001 - results are not persisted; counts are optional
             published = None
-    payload = completion_payload(str(flow_run.id), state.type.value, published if isinstance(published, Published) else None,
-                                 _run_id(str(flow_run.id)), None if state.is_completed() else state.message)
+    payload = completion_payload(
+        str(flow_run.id),
+        state.type.value,
+        published if isinstance(published, Published) else None,
+        _run_id(str(flow_run.id)),
+        None if state.is_completed() else state.message,
+    )
     if not post_json(url, payload, allow_private=current_settings().callback_allow_private):
         log.warning("callback to %s gave up; the run's own state is unaffected", url)

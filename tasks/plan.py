@@ -32,8 +32,9 @@ from tasks.results import EngineMode, Plan, RunRef, Validated
 log = logging.getLogger(__name__)
 
 PLAN_BATCH = 65_536  # valid items per batch: tokenized, hashed and written a batch at a time
-PLAN_SCHEMA = pl.Schema({"item_id": pl.String, "text": pl.String, "content_hash": pl.String,
-                         "token_count": pl.Int32, "shard": pl.Int32})
+PLAN_SCHEMA = pl.Schema(
+    {"item_id": pl.String, "text": pl.String, "content_hash": pl.String, "token_count": pl.Int32, "shard": pl.Int32}
+)
 
 
 @task(name="plan-shards", cache_policy=NO_CACHE)
@@ -44,24 +45,48 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
     spec = resolve_spec(requested)  # auto calibrates here on a new kind of machine, else reads the persisted choice
     max_length = model_info(spec).max_seq_length
     tokenizer = tokenizer_for(spec)
-    keys = pl.concat([plan_keys(batch, tokenizer) for batch in _item_batches(lake, validated.items_uri)]
-                     or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})])
+    keys = pl.concat(
+        [plan_keys(batch, tokenizer) for batch in _item_batches(lake, validated.items_uri)]
+        or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})]
+    )
     version = spec_version(spec)
     reused = write_reused(lake, run, previous_vectors(lake, warehouse_for(cfg)), version, keys)
     full = keys.get_column("full_length").to_numpy()
     lengths = np.minimum(full, max_length)
     columns = keys.select("content_hash").with_columns(
-        pl.Series("token_count", lengths, dtype=pl.Int32), shard_column(keys, reused, lengths, cfg))
+        pl.Series("token_count", lengths, dtype=pl.Int32), shard_column(keys, reused, lengths, cfg)
+    )
     lake.write_parquet_frames(_plan_frames(lake, validated.items_uri, columns), run.path("plan.parquet"), PLAN_SCHEMA)
     shards = tuple(sorted(int(s) for s in columns.get_column("shard").unique() if s >= 0))
-    log.info("plan: %d items, %d reused from published vectors, %d to encode in %d shards",
-             keys.height, reused.len(), keys.height - reused.len(), len(shards))
+    log.info(
+        "plan: %d items, %d reused from published vectors, %d to encode in %d shards",
+        keys.height,
+        reused.len(),
+        keys.height - reused.len(),
+        len(shards),
+    )
     engine = engine_mode(requested, spec)
-    log.info("encode mode %s (%s), min cosine to torch fp32 %.5f", engine.label, "calibrated" if engine.calibrated
-             else "pinned", engine.fidelity_min)
-    return Plan(spec, engine, run.path("plan.parquet"), run.path("reused.parquet"), shards, keys.height, reused.len(),
-                keys.height - reused.len(), version, int((full > max_length).sum()), int(lengths.sum()),
-                time.perf_counter() - started, start_progress(len(shards)))
+    log.info(
+        "encode mode %s (%s), min cosine to torch fp32 %.5f",
+        engine.label,
+        "calibrated" if engine.calibrated else "pinned",
+        engine.fidelity_min,
+    )
+    return Plan(
+        spec,
+        engine,
+        run.path("plan.parquet"),
+        run.path("reused.parquet"),
+        shards,
+        keys.height,
+        reused.len(),
+        keys.height - reused.len(),
+        version,
+        int((full > max_length).sum()),
+        int(lengths.sum()),
+        time.perf_counter() - started,
+        start_progress(len(shards)),
+    )
 
 
 def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
@@ -69,13 +94,19 @@ def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
     record = get_encoder(resolved).mode_record()  # loaded once per process: the shards and topic scores reuse it
     calibration = calibration_summary(requested) or {}
     return EngineMode(
-        backend=str(record["backend"]), precision=str(record["precision"]), token_budget=int(str(record["token_budget"])),
-        runtime=str(record["runtime"]), fidelity_min=float(str(record["fidelity_min"])),
-        fidelity_p1=float(str(record["fidelity_p1"])), fidelity_mean=float(str(record["fidelity_mean"])),
-        calibrated=bool(calibration), device_kind=_text(calibration.get("calibration_device_kind")),
+        backend=str(record["backend"]),
+        precision=str(record["precision"]),
+        token_budget=int(str(record["token_budget"])),
+        runtime=str(record["runtime"]),
+        fidelity_min=float(str(record["fidelity_min"])),
+        fidelity_p1=float(str(record["fidelity_p1"])),
+        fidelity_mean=float(str(record["fidelity_mean"])),
+        calibrated=bool(calibration),
+        device_kind=_text(calibration.get("calibration_device_kind")),
         calibrated_tokens_per_s=_number(calibration.get("calibration_tokens_per_s")),
         calibration_from_cache=bool(calibration["calibration_from_cache"]) if calibration else None,
-        calibration_file=_text(calibration.get("calibration_file")))
+        calibration_file=_text(calibration.get("calibration_file")),
+    )
 
 
 def _text(value: object) -> str | None:
@@ -114,7 +145,9 @@ def write_reused(lake: Lake, run: RunRef, previous: str | None, version: str, ke
     """Write reused.parquet (vectors of items whose content has a published vector of this version); return their ids."""
     ids: list[pl.Series] = []
     schema = pl.Schema([("item_id", pl.String()), ("embedding", pl.Array(pl.Float32, run.embedding_dim))])
-    lake.write_parquet_frames(_keeping_ids(reusable_vectors(lake, previous, version, keys), ids), run.path("reused.parquet"), schema)
+    lake.write_parquet_frames(
+        _keeping_ids(reusable_vectors(lake, previous, version, keys), ids), run.path("reused.parquet"), schema
+    )
     return pl.concat(ids) if ids else pl.Series("item_id", [], dtype=pl.String)
 
 
@@ -127,11 +160,18 @@ def reusable_vectors(lake: Lake, previous: str | None, version: str, keys: pl.Da
         return
     taken = pl.Series("content_hash", [], dtype=pl.String)
     wanted = keys.get_column("content_hash").implode()
-    for batch in lake.iter_frames(previous, "item_scores", columns=["model_version", "content_hash", "embedding"],
-                                  batch_size=PLAN_BATCH):
-        match = (batch.filter((pl.col("model_version") == version) & pl.col("content_hash").is_in(wanted)
-                              & ~pl.col("content_hash").is_in(taken.implode()))
-                 .select("content_hash", "embedding").unique("content_hash", keep="first", maintain_order=True))
+    for batch in lake.iter_frames(
+        previous, "item_scores", columns=["model_version", "content_hash", "embedding"], batch_size=PLAN_BATCH
+    ):
+        match = (
+            batch.filter(
+                (pl.col("model_version") == version)
+                & pl.col("content_hash").is_in(wanted)
+                & ~pl.col("content_hash").is_in(taken.implode())
+            )
+            .select("content_hash", "embedding")
+            .unique("content_hash", keep="first", maintain_order=True)
+        )
         taken = pl.concat([taken, match.get_column("content_hash")])
         yield keys.join(match, on="content_hash", how="inner").select("item_id", "embedding")
 

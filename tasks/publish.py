@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import polars as pl
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -46,7 +45,7 @@ from storage.lake import Lake
 from storage.publication import Pointers, drop_unless_current, retract, switch_in_transaction, unstage_cache
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse import Warehouse
-from tasks.results import Candidates, Checked, EngineMode, Published, RunRecord, RunRef, Staged, Stages
+from tasks.results import Candidates, Checked, Published, RunRecord, RunRef, Staged, Stages
 from tasks.validate import record_quarantine
 
 log = logging.getLogger(__name__)
@@ -111,11 +110,23 @@ def publish(run: RunRef, stages: Stages, staged: Staged) -> Published:
     _remember(run=run, before=before)
     seconds = time.perf_counter() - started
     record = run_record(run, stages, {**stages.seconds(), "publish": round(seconds, 3)})
-    warehouse.record_run({"run_id": run.run_id, "finished_at": record.finished_at, "wall_seconds": record.wall_seconds,
-                          "stage_seconds": record.stage_seconds})
+    warehouse.record_run(
+        {
+            "run_id": run.run_id,
+            "finished_at": record.finished_at,
+            "wall_seconds": record.wall_seconds,
+            "stage_seconds": record.stage_seconds,
+        }
+    )
     log.info("published %s: %d item scores, %d users in cache", run.run_id, stages.scored.rows_scored, staged.cache_entries)
-    return Published(record, {**stages.validated.data_docs, **stages.checked.data_docs}, json.loads(record.stage_seconds),
-                     stages.encoded.shards, staged.cache_entries, quality=stages.candidates.quality)
+    return Published(
+        record,
+        {**stages.validated.data_docs, **stages.checked.data_docs},
+        json.loads(record.stage_seconds),
+        stages.encoded.shards,
+        staged.cache_entries,
+        quality=stages.candidates.quality,
+    )
 
 
 @publish.on_rollback
@@ -135,8 +146,12 @@ def _finalize_publication(txn: Transaction) -> None:
     except NightscoreError as exc:  # leftovers go at the next publication of the date; never fail a published run
         log.warning("publication of %s stuck, but its clean-up did not: %s", run.run_id, exc)
         return
-    log.info("publication of %s final: %d replaced rows deleted, old versions retiring: %s", run.run_id, deleted,
-             ", ".join(retiring) or "none")
+    log.info(
+        "publication of %s final: %d replaced rows deleted, old versions retiring: %s",
+        run.run_id,
+        deleted,
+        ", ".join(retiring) or "none",
+    )
 
 
 def take_back(run: RunRef, before: Pointers | None, reason: str) -> None:
@@ -169,8 +184,14 @@ def commit(lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunRef,
     lease = leases.held_by(str(flow_run.get_id()))
     try:  # DuckDB / COPY consume item_scores batch by batch: the warehouse never gets the whole table at once
         record = run_record(run, stages, stages.seconds())
-        latest = warehouse.publish(record.row(), arrow_stream(lake, stages.scored.uri, "item_scores"), candidates.to_arrow(),
-                                   before_commit=switch_pointer, fence=lease.fence if lease else None, keep_replaced=True)
+        latest = warehouse.publish(
+            record.row(),
+            arrow_stream(lake, stages.scored.uri, "item_scores"),
+            candidates.to_arrow(),
+            before_commit=switch_pointer,
+            fence=lease.fence if lease else None,
+            keep_replaced=True,
+        )
     except BaseException:
         _undo(lambda: unstage_cache(cache, run.run_id, switched[0] if switched else None), run)
         raise
@@ -228,8 +249,11 @@ def write_partitions(lake: Lake, tables: dict[str, pa.Table | str], settings: Se
 
 def restore_partitions(lake: Lake, warehouse: Warehouse, run_date: str) -> str | None:
     """Rewrite a run_date's partitions from the run of that date that is published now (or remove them); return it."""
-    rows = warehouse.query("SELECT run_id FROM scoring_runs WHERE CAST(run_date AS VARCHAR) = ? AND status = 'published' "
-                           "ORDER BY published_at DESC LIMIT 1", [run_date]).rows
+    rows = warehouse.query(
+        "SELECT run_id FROM scoring_runs WHERE CAST(run_date AS VARCHAR) = ? AND status = 'published' "
+        "ORDER BY published_at DESC LIMIT 1",
+        [run_date],
+    ).rows
     folder = lake.uri("runs", run_date, rows[0][0]) if rows else None
     sources = {table: f"{folder}/{name}" for table, name in PARTITIONED.items()} if folder else {}
     if sources and all(lake.exists(uri) for uri in sources.values()):
@@ -246,26 +270,47 @@ def run_record(run: RunRef, stages: Stages, stage_seconds: dict[str, float]) -> 
     finished = datetime.now(UTC)
     started = datetime.fromisoformat(run.started_at)
     return RunRecord(
-        run_id=run.run_id, flow_run_id=str(flow_run.get_id()), flow_name=run.flow_name, run_date=run.run_date,
-        status="published", started_at=started, finished_at=finished, rows_in=validated.rows_in,
-        rows_quarantined=validated.rows_quarantined, rows_scored=stages.scored.rows_scored,
-        rows_reused=encoded.rows_reused, rows_computed=encoded.rows_computed, shards_reused=encoded.shards_reused,
-        interactions_in=validated.interactions_in, interactions_quarantined=validated.interactions_quarantined,
-        users_with_candidates=candidates.users_with_candidates, recall_at_k=candidates.recall_at_k,
-        cold_recall_at_k=candidates.cold_recall_at_k, ranker_kind=candidates.ranker_kind,
+        run_id=run.run_id,
+        flow_run_id=str(flow_run.get_id()),
+        flow_name=run.flow_name,
+        run_date=run.run_date,
+        status="published",
+        started_at=started,
+        finished_at=finished,
+        rows_in=validated.rows_in,
+        rows_quarantined=validated.rows_quarantined,
+        rows_scored=stages.scored.rows_scored,
+        rows_reused=encoded.rows_reused,
+        rows_computed=encoded.rows_computed,
+        shards_reused=encoded.shards_reused,
+        interactions_in=validated.interactions_in,
+        interactions_quarantined=validated.interactions_quarantined,
+        users_with_candidates=candidates.users_with_candidates,
+        recall_at_k=candidates.recall_at_k,
+        cold_recall_at_k=candidates.cold_recall_at_k,
+        ranker_kind=candidates.ranker_kind,
         ranker_version=candidates.ranker_version,
-        ndcg_at_10=candidates.ndcg_at_10, popularity_recall_at_k=candidates.popularity_recall_at_k,
-        popularity_ndcg_at_10=candidates.popularity_ndcg_at_10, real_tokens=encoded.real_tokens,
-        padded_tokens=encoded.padded_tokens, padding_efficiency=encoded.padding_efficiency,
-        truncated_texts=encoded.truncated, texts_per_s=encoded.texts_per_s,
-        wall_seconds=(finished - started).total_seconds(), device=encoded.device, model_version=encoded.model_version,
-        contract_versions=CONTRACT_VERSIONS, stage_seconds=json.dumps(stage_seconds),
-        data_docs=json.dumps({**validated.data_docs, **stages.checked.data_docs}), **engine_columns(encoded.engine))
-
-
-def engine_columns(engine: EngineMode) -> dict[str, object]:
-    """Return the scoring_runs columns of the run's inference mode."""
-    return {"backend": engine.backend, "precision": engine.precision, "token_budget": engine.token_budget,
-            "engine_runtime": engine.runtime, "fidelity_min": engine.fidelity_min, "fidelity_p1": engine.fidelity_p1,
-            "calibration_device_kind": engine.device_kind, "calibrated_tokens_per_s": engine.calibrated_tokens_per_s,
-            "calibration_from_cache": engine.calibration_from_cache}
+        ndcg_at_10=candidates.ndcg_at_10,
+        popularity_recall_at_k=candidates.popularity_recall_at_k,
+        popularity_ndcg_at_10=candidates.popularity_ndcg_at_10,
+        real_tokens=encoded.real_tokens,
+        padded_tokens=encoded.padded_tokens,
+        padding_efficiency=encoded.padding_efficiency,
+        truncated_texts=encoded.truncated,
+        texts_per_s=encoded.texts_per_s,
+        wall_seconds=(finished - started).total_seconds(),
+        device=encoded.device,
+        model_version=encoded.model_version,
+        contract_versions=CONTRACT_VERSIONS,
+        stage_seconds=json.dumps(stage_seconds),
+        data_docs=json.dumps({**validated.data_docs, **stages.checked.data_docs}),
+        backend=encoded.engine.backend,
+        precision=encoded.engine.precision,
+        token_budget=encoded.engine.token_budget,
+        engine_runtime=encoded.engine.runtime,
+        fidelity_min=encoded.engine.fidelity_min,
+        fidelity_p1=encoded.engine.fidelity_p1,
+        calibration_device_kind=encoded.engine.device_kind,
+        calibrated_tokens_per_s=encoded.engine.calibrated_tokens_per_s,
+        calibration_from_cache=encoded.engine.calibration_from_cache,
+    )

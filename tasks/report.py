@@ -32,8 +32,11 @@ def artifact_key(kind: str) -> str:
 
 def start_progress(shards: int) -> str:
     """Return the id of this run's encode progress artifact, created at 0% (100% when nothing is left to encode)."""
-    return str(create_progress_artifact(0.0 if shards else 100.0, key=artifact_key("encode-progress"),
-                                        description=f"Encode: {shards} shard(s) to do"))
+    return str(
+        create_progress_artifact(
+            0.0 if shards else 100.0, key=artifact_key("encode-progress"), description=f"Encode: {shards} shard(s) to do"
+        )
+    )
 
 
 @task(name="report-run", cache_policy=NO_CACHE)
@@ -45,16 +48,30 @@ def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, s
     rules = quarantine_by_rule(lake, run)
     warn_about(published, rules, run.settings.max_seq_length)
     docs = served_docs(published.data_docs, lake.root, run.settings.data_docs_base_url)
-    contracts = create_markdown_artifact(contracts_markdown(run.run_id, contract_results(lake, run, docs), docs),
-                                         key=artifact_key("contracts"), description=f"Run {run.run_id}: data contracts")
-    markdown = summary_markdown(published, {"items_uri": run.items_uri, "interactions_uri": run.interactions_uri},
-                                run.settings, {title: _data_uri(png) for title, png in pngs.items()}, rules,
-                                contracts_line(str(contracts), docs))
+    contracts = create_markdown_artifact(
+        contracts_markdown(run.run_id, contract_results(lake, run, docs), docs),
+        key=artifact_key("contracts"),
+        description=f"Run {run.run_id}: data contracts",
+    )
+    markdown = summary_markdown(
+        published,
+        {"items_uri": run.items_uri, "interactions_uri": run.interactions_uri},
+        run.settings,
+        {title: _data_uri(png) for title, png in pngs.items()},
+        rules,
+        contracts_line(str(contracts), docs),
+    )
     create_markdown_artifact(markdown, key=artifact_key("summary"), description=f"Run {run.run_id}: summary and plots")
-    create_table_artifact(timing_rows(published.stage_seconds), key=artifact_key("stage-timings"),
-                          description=f"Run {run.run_id}: seconds per stage")
-    create_table_artifact(quality_rows(lake, stages), key=artifact_key("retrieval-metrics"),
-                          description=f"Run {run.run_id}: candidates on held-out interactions, per method (retrieval_metrics)")
+    create_table_artifact(
+        timing_rows(published.stage_seconds),
+        key=artifact_key("stage-timings"),
+        description=f"Run {run.run_id}: seconds per stage",
+    )
+    create_table_artifact(
+        quality_rows(lake, stages),
+        key=artifact_key("retrieval-metrics"),
+        description=f"Run {run.run_id}: candidates on held-out interactions, per method (retrieval_metrics)",
+    )
     return uris
 
 
@@ -79,8 +96,13 @@ def warn_about(published: Published, rules: list[QuarantineRule], max_tokens: in
     for dataset, rule, rows, example in rules:
         logger.warning("quarantined %d %s row(s) by %s (e.g. %s)", rows, dataset, rule, example)
     if record.truncated_texts and record.rows_computed:
-        logger.warning("%d of %d texts encoded (%.1f%%) were truncated at %d tokens", record.truncated_texts,
-                       record.rows_computed, 100 * record.truncated_texts / record.rows_computed, max_tokens)
+        logger.warning(
+            "%d of %d texts encoded (%.1f%%) were truncated at %d tokens",
+            record.truncated_texts,
+            record.rows_computed,
+            100 * record.truncated_texts / record.rows_computed,
+            max_tokens,
+        )
 
 
 def _data_uri(png: bytes) -> str:
@@ -108,13 +130,26 @@ def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict
         "Topic distribution": draw.topic_distribution(shares.get_column("topic").to_list(), shares.get_column("len").to_list()),
         "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.bucket_boundaries),
         "topic_score vs the previous run": draw.score_distributions(
-            scores.get_column("topic_score").to_numpy(), previous[1] if previous else None, previous[0] if previous else None),
+            scores.get_column("topic_score").to_numpy(), previous[1] if previous else None, previous[0] if previous else None
+        ),
         "Candidates on held-out interactions": _quality_plot(quality_rows(lake, stages), run.settings.top_k),
     }
 
 
-QUALITY_ORDER = ("popularity", "trending", "topic_trending", "cooccurrence", "als", "content", "content_new", "fused_rrf",
-                 "fused", "ranked_lightgbm", "ranked_mlp", "ranked")
+QUALITY_ORDER = (
+    "popularity",
+    "trending",
+    "topic_trending",
+    "cooccurrence",
+    "als",
+    "content",
+    "content_new",
+    "fused_rrf",
+    "fused",
+    "ranked_lightgbm",
+    "ranked_mlp",
+    "ranked",
+)
 
 
 def quality_rows(lake: Lake, stages: Stages) -> list[dict[str, Any]]:
@@ -128,7 +163,9 @@ def quality_rows(lake: Lake, stages: Stages) -> list[dict[str, Any]]:
 
 def _quality_plot(rows: list[dict[str, Any]], k: int) -> bytes:
     methods = [r["method"] for r in rows]
-    return draw.retrieval_quality(methods, [r.get("recall_at_k") or 0.0 for r in rows], [r.get("ndcg_at_10") or 0.0 for r in rows], k)
+    return draw.retrieval_quality(
+        methods, [r.get("recall_at_k") or 0.0 for r in rows], [r.get("ndcg_at_10") or 0.0 for r in rows], k
+    )
 
 
 def save_plots(lake: Lake, run: RunRef, pngs: dict[str, bytes]) -> dict[str, str]:

@@ -237,8 +237,15 @@ class Stages:
         return {name: round(float(getattr(self, attr).seconds), 3) for name, attr in STAGE_NAMES.items()}
 
 
-STAGE_NAMES = {"ingest": "ingested", "validate": "validated", "plan": "plan", "encode": "encoded", "score": "scored",
-               "candidates": "candidates", "validate_outputs": "checked"}
+STAGE_NAMES = {
+    "ingest": "ingested",
+    "validate": "validated",
+    "plan": "plan",
+    "encode": "encoded",
+    "score": "scored",
+    "candidates": "candidates",
+    "validate_outputs": "checked",
+}
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Iterable
+from typing import Any
 
 from prefect.futures import PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
@@ -42,7 +43,7 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
         """Return the runner's name as Prefect logs it."""
         return "settings"
 
-    def duplicate(self) -> "SettingsTaskRunner":
+    def duplicate(self) -> SettingsTaskRunner:
         """Return a fresh, unstarted runner (settings are read again when it starts)."""
         return type(self)()
 
@@ -51,7 +52,7 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __enter__(self) -> "SettingsTaskRunner":
+    def __enter__(self) -> SettingsTaskRunner:
         if in_ray_worker():  # Prefect re-enters the flow's runner around each task it runs on Ray
             return self._start(ThreadPoolTaskRunner(max_workers=1))
         cfg = current_settings()
@@ -60,7 +61,7 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
         log.info("task runner: %s%s", cfg.task_runner, f" (each submitted task: {self._options})" if self._options else "")
         return self
 
-    def _start(self, delegate: TaskRunner[Any]) -> "SettingsTaskRunner":
+    def _start(self, delegate: TaskRunner[Any]) -> SettingsTaskRunner:
         delegate.__enter__()
         super().__enter__()
         self._delegate, self._options = delegate, {}
@@ -74,14 +75,20 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
             self._delegate = None
             super().__exit__(*exc_info)
 
-    def submit(self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None,
-               dependencies: dict[str, Any] | None = None) -> PrefectFuture[Any]:
+    def submit(
+        self,
+        task: Any,
+        parameters: dict[str, Any],
+        wait_for: Iterable[PrefectFuture[Any]] | None = None,
+        dependencies: dict[str, Any] | None = None,
+    ) -> PrefectFuture[Any]:
         """Submit one task run to the delegate (under Ray with this run's resource options)."""
         with self._resources():
             return self._started_delegate().submit(task, parameters, wait_for, dependencies)
 
-    def map(self, task: Any, parameters: dict[str, Any],
-            wait_for: Iterable[PrefectFuture[Any]] | None = None) -> PrefectFutureList[Any]:
+    def map(
+        self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None
+    ) -> PrefectFutureList[Any]:
         """Submit one task run per element of the mapped parameters to the delegate."""
         with self._resources():
             return self._started_delegate().map(task, parameters, wait_for)
@@ -106,8 +113,10 @@ def build_runner(cfg: Settings) -> TaskRunner[Any]:
         return ThreadPoolTaskRunner(max_workers=1)
     api_url = prefect_api_url()
     if not api_url:
-        raise UsageError("task_runner=ray needs a Prefect server: set PREFECT_API_URL (without it every Ray worker "
-                         "would start its own temporary server)")
+        raise UsageError(
+            "task_runner=ray needs a Prefect server: set PREFECT_API_URL (without it every Ray worker "
+            "would start its own temporary server)"
+        )
     from prefect_ray import RayTaskRunner
 
     client = cfg.ray_address if cfg.ray_address and cfg.ray_address.startswith("ray://") else None

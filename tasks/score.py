@@ -43,14 +43,16 @@ def score_items(run: RunRef, plan: Plan, shards: Sequence[ShardResult]) -> Score
         for uri in [*sorted(s.uri for s in shards), plan.reused_uri]:
             for frame in lake.iter_frames(uri, "shard", columns=["item_id", "embedding"], batch_size=SCORE_BLOCK):
                 spill.add("vectors", frame)
-        for frame in lake.iter_frames(plan.plan_uri, "plan", columns=["item_id", "content_hash", "token_count"],
-                                      batch_size=SCORE_BLOCK):
+        for frame in lake.iter_frames(
+            plan.plan_uri, "plan", columns=["item_id", "content_hash", "token_count"], batch_size=SCORE_BLOCK
+        ):
             counts["plan"] += frame.height
             spill.add("plan", frame)
         blocks = (_scored_block(spill, r, run, encoder.version, names, labels, counts) for r in range(len(bounds)))
         lake.write_parquet_frames(blocks, run.path("item_scores.parquet"))
-    return Scored(run.path("item_scores.parquet"), counts["scored"], counts["plan"] - counts["scored"],
-                  time.perf_counter() - started)
+    return Scored(
+        run.path("item_scores.parquet"), counts["scored"], counts["plan"] - counts["scored"], time.perf_counter() - started
+    )
 
 
 def range_bounds(item_ids: pl.Series) -> pl.Series:
@@ -62,17 +64,23 @@ def range_bounds(item_ids: pl.Series) -> pl.Series:
     return ordered.gather(starts) if starts else pl.Series("item_id", [""], dtype=pl.String)
 
 
-def _scored_block(spill: RangeSpill, r: int, run: RunRef, version: str, names: list[str], labels: np.ndarray,
-                  counts: dict[str, int]) -> pl.DataFrame:
+def _scored_block(
+    spill: RangeSpill, r: int, run: RunRef, version: str, names: list[str], labels: np.ndarray, counts: dict[str, int]
+) -> pl.DataFrame:
     """Return range r of item_scores: plan rows joined 1:1 with their vectors, sorted by item_id, topics added."""
     scored = spill.read("plan", r).join(spill.read("vectors", r), on="item_id", how="inner", validate="1:1").sort("item_id")
     best, prob = topic_scores(scored.get_column("embedding").to_numpy(), labels, run.settings.topic_temperature)
     counts["scored"] += scored.height
     return scored.select(
-        pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"), "item_id",
+        pl.lit(run.run_id).alias("run_id"),
+        pl.lit(run.date).alias("run_date"),
+        "item_id",
         pl.lit(version).alias("model_version"),
-        pl.Series("topic", np.asarray(names)[best], dtype=pl.String), pl.Series("topic_score", prob),
-        "token_count", "content_hash", "embedding",
+        pl.Series("topic", np.asarray(names)[best], dtype=pl.String),
+        pl.Series("topic_score", prob),
+        "token_count",
+        "content_hash",
+        "embedding",
     )
 
 
@@ -89,7 +97,7 @@ class RangeSpill:
         self._writers: dict[tuple[str, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._schemas: dict[str, pa.Schema] = {}
 
-    def __enter__(self) -> "RangeSpill":
+    def __enter__(self) -> RangeSpill:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -41,8 +41,9 @@ DEMO_ITEMS, DEMO_USERS, DEMO_SEED = 2000, 500, 0
 
 
 @task(name="start-run", cache_policy=NO_CACHE)
-def start_run(flow_name: str, run_date: str | date | None, items_uri: str | None, interactions_uri: str | None,
-              resume: str | None = None) -> RunRef:
+def start_run(
+    flow_name: str, run_date: str | date | None, items_uri: str | None, interactions_uri: str | None, resume: str | None = None
+) -> RunRef:
     """Return the run's reference (a resumed unfinished run, or a new one) and record it as running."""
     chain_stop_handler()  # runs in the flow's main thread: SIGTERM now also stops worker threads gracefully
     cfg = current_settings()
@@ -53,13 +54,22 @@ def start_run(flow_name: str, run_date: str | date | None, items_uri: str | None
         reconcile_cache(warehouse, cache)
     day = target_date(warehouse, run_date, resume)
     token = str(flow_run.get_id() or uuid.uuid4())
-    lease = leases.hold(warehouse, warehouse_for(cfg), day, token, cfg.run_lease_ttl_s, cfg.run_lease_wait_s,
-                        say=get_run_logger().warning)
+    lease = leases.hold(
+        warehouse, warehouse_for(cfg), day, token, cfg.run_lease_ttl_s, cfg.run_lease_wait_s, say=get_run_logger().warning
+    )
     run = _open(lake, warehouse, flow_name, day, items_uri, interactions_uri, resume)
     lease.attach(run.run_id)
     STARTED[token] = run.run_id
-    warehouse.record_run({"run_id": run.run_id, "flow_run_id": str(flow_run.get_id()), "flow_name": flow_name,
-                          "run_date": run.date, "status": "running", "started_at": datetime.fromisoformat(run.started_at)})
+    warehouse.record_run(
+        {
+            "run_id": run.run_id,
+            "flow_run_id": str(flow_run.get_id()),
+            "flow_name": flow_name,
+            "run_date": run.date,
+            "status": "running",
+            "started_at": datetime.fromisoformat(run.started_at),
+        }
+    )
     return run_ref(run, cfg, dim)
 
 
@@ -82,8 +92,15 @@ def target_date(warehouse: Warehouse, run_date: str | date | None, resume: str |
     return str(rows[0][0])
 
 
-def _open(lake: Lake, warehouse: Warehouse, flow_name: str, day: str, items_uri: str | None,
-          interactions_uri: str | None, resume: str | None) -> RunContext:
+def _open(
+    lake: Lake,
+    warehouse: Warehouse,
+    flow_name: str,
+    day: str,
+    items_uri: str | None,
+    interactions_uri: str | None,
+    resume: str | None,
+) -> RunContext:
     """Return the context of the run to do: the one resumed, the unfinished one of the same inputs, or a new one."""
     if resume:
         return _resumed(load_run(lake, warehouse, resume))
@@ -109,8 +126,9 @@ def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) 
     return items_uri, interactions_uri
 
 
-def ensure_demo_inputs(lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS,
-                       seed: int = DEMO_SEED) -> tuple[str, str]:
+def ensure_demo_inputs(
+    lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED
+) -> tuple[str, str]:
     """Return (items URI, interactions URI) of the demo inputs in the lake, generating them if absent."""
     items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
     if not (lake.exists(items_uri) and lake.exists(inter_uri)):
@@ -126,14 +144,17 @@ def _latest_attempt(warehouse: Warehouse, flow_name: str, run_date: str) -> tupl
     try:
         rows = warehouse.query(
             "SELECT run_id, status FROM scoring_runs WHERE flow_name = ? AND CAST(run_date AS VARCHAR) = ? "
-            "ORDER BY started_at DESC LIMIT 1", [flow_name, run_date]).rows
+            "ORDER BY started_at DESC LIMIT 1",
+            [flow_name, run_date],
+        ).rows
     except WarehouseMissing:
         return None
     return (rows[0][0], rows[0][1]) if rows else None
 
 
-def find_resumable(lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str, items_uri: str,
-                   interactions_uri: str) -> RunContext | None:
+def find_resumable(
+    lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str, items_uri: str, interactions_uri: str
+) -> RunContext | None:
     """Return the unfinished run of this flow, date and inputs, or None."""
     latest = _latest_attempt(warehouse, flow_name, run_date)
     if latest is None or latest[1] not in RESUMABLE:
@@ -165,8 +186,15 @@ def saved_run(lake: Lake, run_date: str, run_id: str) -> RunContext:
 def new_run(lake: Lake, flow_name: str, run_date: str, items_uri: str, interactions_uri: str, unique: str) -> RunContext:
     """Return a fresh run context and save it as run.json in its folder."""
     run_id = make_run_id(flow_name, run_date, unique)
-    run = RunContext(run_id, flow_name, run_date, items_uri, interactions_uri, run_folder(lake.uri, run_date, run_id),
-                     datetime.now(UTC).isoformat())
+    run = RunContext(
+        run_id,
+        flow_name,
+        run_date,
+        items_uri,
+        interactions_uri,
+        run_folder(lake.uri, run_date, run_id),
+        datetime.now(UTC).isoformat(),
+    )
     lake.write_json(run.as_dict(), run.path("run.json"))
     return run
 

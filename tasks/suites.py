@@ -57,8 +57,9 @@ def docs_uri(lake: Lake, run: RunRef, dataset: str) -> str:
     return str(lake.fs._strip_protocol(uri)) if lake.is_local else uri
 
 
-def validate_into_lake(lake: Lake, run: RunRef, dataset: str, view: DatasetView, previous: dict[str, float] | None,
-                       params: SuiteParams) -> DatasetReport:
+def validate_into_lake(
+    lake: Lake, run: RunRef, dataset: str, view: DatasetView, previous: dict[str, float] | None, params: SuiteParams
+) -> DatasetReport:
     """Validate a run's dataset view; build its Data Docs in a local temporary folder, copy its pages into the lake."""
     with tempfile.TemporaryDirectory(prefix=f"nightscore-docs-{dataset}-") as local:
         report = validate_dataset(dataset, view, previous, params, docs_dir=local)
@@ -97,13 +98,18 @@ def share_static_assets(lake: Lake, site: Path, site_uri: str) -> None:
 
 def write_outcomes(lake: Lake, run: RunRef, report: DatasetReport) -> str:
     """Write a dataset's expectation outcomes (suite version, success, each expectation) to the run folder; return the URI."""
-    document = {"dataset": report.dataset, "suite_version": report.suite_version, "success": report.success,
-                "outcomes": [asdict(outcome) for outcome in report.outcomes]}
+    document = {
+        "dataset": report.dataset,
+        "suite_version": report.suite_version,
+        "success": report.success,
+        "outcomes": [asdict(outcome) for outcome in report.outcomes],
+    }
     return lake.write_json(document, run.path(f"contracts/{report.dataset}.results.json"))
 
 
-def gate(lake: Lake, warehouse: Warehouse, run: RunRef, views: dict[str, DatasetView],
-         expected_users: int | None = None) -> SuiteResults:
+def gate(
+    lake: Lake, warehouse: Warehouse, run: RunRef, views: dict[str, DatasetView], expected_users: int | None = None
+) -> SuiteResults:
     """Validate each dataset's view against its suite; raise ContractViolation naming each failed expectation."""
     started, params = time.perf_counter(), SuiteParams.from_settings(run.settings, expected_users)
     docs, versions, failed = {}, {}, []

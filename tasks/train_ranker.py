@@ -42,8 +42,9 @@ def published_run(run_id: str | None) -> RunRef:
     cfg = current_settings()
     lake, warehouse = lake_for(cfg), warehouse_for(cfg)
     if run_id:
-        rows = warehouse.query("SELECT CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id = ?",
-                               [run_id]).rows
+        rows = warehouse.query(
+            "SELECT CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id = ?", [run_id]
+        ).rows
         found = (run_id, rows[0][0]) if rows else None
     else:
         latest = warehouse.latest_published()
@@ -65,7 +66,9 @@ def train(run: RunRef) -> TrainedRanker:
     if serving is None:
         raise UsageError(f"run {run.run_id} has no serving.json: only runs published by this release can be retrained")
     items = catalogue_items(lake, run.path("valid/items.parquet"), run.path("item_scores.parquet"))
-    interactions = lake.read_parquet(run.path("valid/interactions.parquet"), "interactions", columns=["user_id", "item_id", "event", "ts"])
+    interactions = lake.read_parquet(
+        run.path("valid/interactions.parquet"), "interactions", columns=["user_id", "item_id", "event", "ts"]
+    )
     config = candidate_config(cfg)
     catalogue, encoded = encode_run(items, interactions)
     chunks = item_chunks(lake, run.path("item_scores.parquet"), items.height)
@@ -78,7 +81,10 @@ def train(run: RunRef) -> TrainedRanker:
         raise UsageError(f"the settings now give run {run.run_id}'s candidates another feature set: run the nightly flow")
     version = publish_scorer(lake, *scorer_to_bytes(report.scorer, {"trained_on": run.run_id}))
     rebind_ranker(lake, run.run_id, version, report.chosen)
-    metrics = {f"{row['method']}.{row['metric']}": float(row["value"]) for row in report.metrics.iter_rows(named=True)
-               if row["method"].startswith("ranked") and row["value"] == row["value"]}
+    metrics = {
+        f"{row['method']}.{row['metric']}": float(row["value"])
+        for row in report.metrics.iter_rows(named=True)
+        if row["method"].startswith("ranked") and row["value"] == row["value"]
+    }
     log.info("ranker %s (%s) trained on %s: %s", version, report.chosen, run.run_id, metrics)
     return TrainedRanker(version, ranker_folder(lake, version), run.run_id, metrics, time.perf_counter() - started)

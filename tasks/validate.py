@@ -42,25 +42,41 @@ def validate_inputs(run: RunRef, ingested: Ingested) -> Validated:
         record_quarantine(lake, warehouse, run)
         raise
     suites = gate(lake, warehouse, run, {"items": items.view(), "interactions": interactions.view()})
-    return Validated(run.path("valid/items.parquet"), run.path("valid/interactions.parquet"), run.path("quarantine.parquet"),
-                     items.rows_in, items.rows_in - items.rows_valid, interactions.rows_in,
-                     interactions.rows_in - interactions.rows_valid, interactions.kept("user_id").n_unique(),
-                     suites.data_docs, suites.suite_versions, time.perf_counter() - started)
+    return Validated(
+        run.path("valid/items.parquet"),
+        run.path("valid/interactions.parquet"),
+        run.path("quarantine.parquet"),
+        items.rows_in,
+        items.rows_in - items.rows_valid,
+        interactions.rows_in,
+        interactions.rows_in - interactions.rows_valid,
+        interactions.kept("user_id").n_unique(),
+        suites.data_docs,
+        suites.suite_versions,
+        time.perf_counter() - started,
+    )
 
 
 def apply_row_contracts(lake: Lake, run: RunRef, ingested: Ingested) -> tuple[RowContract, RowContract]:
     """Validate both inputs batch by batch; write their valid rows and the quarantine; return what each pass kept."""
-    rules = InputRules(not_after=run.reference_time + timedelta(hours=run.settings.future_tolerance_hours),
-                       max_text_chars=run.settings.max_text_chars, duplicate_policy=run.settings.duplicate_id_policy)
+    rules = InputRules(
+        not_after=run.reference_time + timedelta(hours=run.settings.future_tolerance_hours),
+        max_text_chars=run.settings.max_text_chars,
+        duplicate_policy=run.settings.duplicate_id_policy,
+    )
     ids = lake.read_parquet(ingested.items_uri, "items", columns=["item_id", "created_at"])  # id columns only
     duplicates = duplicate_rows(ids, rules.duplicate_policy)
     items = RowContract(lambda raw, offset: validate_items(raw, rules, run.items_uri, offset, duplicates), ["item_id"])
     items.write(lake, lake.iter_frames(ingested.items_uri, "items", batch_size=INPUT_BATCH), run.path("valid/items.parquet"))
     valid_ids = items.kept("item_id")
-    interactions = RowContract(lambda raw, offset: validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset),
-                               ["user_id"])
-    interactions.write(lake, lake.iter_frames(ingested.interactions_uri, "interactions", batch_size=INPUT_BATCH),
-                       run.path("valid/interactions.parquet"))
+    interactions = RowContract(
+        lambda raw, offset: validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset), ["user_id"]
+    )
+    interactions.write(
+        lake,
+        lake.iter_frames(ingested.interactions_uri, "interactions", batch_size=INPUT_BATCH),
+        run.path("valid/interactions.parquet"),
+    )
     lake.write_parquet(pl.concat([items.quarantine(), interactions.quarantine()]), run.path("quarantine.parquet"))
     return items, interactions
 
@@ -109,8 +125,10 @@ def enforce_quarantine_share(items: RowContract, interactions: RowContract, limi
         if share > limit:
             quarantine = contract.quarantine()
             top = quarantine.group_by("rule").len().sort("len", descending=True).row(0) if quarantine.height else ("-", 0)
-            raise ContractViolation(f"{dataset}: {bad} of {total} rows quarantined ({share:.1%} > {limit:.1%}); "
-                                    f"most common rule {top[0]} ({top[1]} rows)")
+            raise ContractViolation(
+                f"{dataset}: {bad} of {total} rows quarantined ({share:.1%} > {limit:.1%}); "
+                f"most common rule {top[0]} ({top[1]} rows)"
+            )
 
 
 def record_quarantine(lake: Lake, warehouse: Warehouse, run: RunRef) -> int:

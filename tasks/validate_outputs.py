@@ -31,6 +31,7 @@ def validate_outputs(run: RunRef, plan: Plan, validated: Validated, scored: Scor
     frame = lake.read_parquet(candidates.uri, "user_candidates")
     interactions = lake.read_parquet(validated.interactions_uri, "interactions", columns=["user_id", "item_id"])
     enforce(candidate_failures(frame, interactions, tally.rows, cfg.top_k), "user_candidates")
-    suites = gate(lake, warehouse_for(cfg), run, {"item_scores": scores_view.view(), "user_candidates": view_of(frame)},
-                  validated.users)
+    suites = gate(
+        lake, warehouse_for(cfg), run, {"item_scores": scores_view.view(), "user_candidates": view_of(frame)}, validated.users
+    )
     return Checked(tally.rows + frame.height, suites.data_docs, suites.suite_versions, time.perf_counter() - started)

@@ -42,8 +42,15 @@ def wait_for(check: Callable[[], bool], timeout: float, proc: subprocess.Popen |
 
 
 @contextmanager
-def serving(args: list[str], env: dict[str, str] | None, log_path: Path, ready: Callable[[], bool], timeout: float,
-            what: str, stop_timeout: float) -> Iterator[subprocess.Popen]:
+def serving(
+    args: list[str],
+    env: dict[str, str] | None,
+    log_path: Path,
+    ready: Callable[[], bool],
+    timeout: float,
+    what: str,
+    stop_timeout: float,
+) -> Iterator[subprocess.Popen]:
     """Start a server in its own process group (output to log_path), wait until ready(); SIGTERM the group after
     (SIGKILL past stop_timeout)."""
     log = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below, after the server stopped
@@ -61,16 +68,19 @@ def serving(args: list[str], env: dict[str, str] | None, log_path: Path, ready: 
 
 
 @contextmanager
-def prefect_server(home: Path, database_url: str | None = None, auth: str | None = None,
-                   ui: bool = False) -> Iterator[str]:
+def prefect_server(home: Path, database_url: str | None = None, auth: str | None = None, ui: bool = False) -> Iterator[str]:
     """Start `prefect server start` on a free loopback port; yield its API URL; stop it after.
 
     database_url: PREFECT_API_DATABASE_CONNECTION_URL (PostgreSQL); default SQLite under home.
     auth: "user:password" for PREFECT_SERVER_API_AUTH_STRING (basic auth on).
     """
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "true" if ui else "false"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true" if ui else "false",
+    }
     env.pop("PREFECT_API_URL", None)
     env["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"  # else the UI looks for its API on port 4200
     if database_url:
@@ -78,8 +88,15 @@ def prefect_server(home: Path, database_url: str | None = None, auth: str | None
     if auth:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     url = f"http://127.0.0.1:{port}/api"
-    with serving([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, home / "server.log",
-                 lambda: healthy(url, auth), 180, "Prefect server", stop_timeout=30):
+    with serving(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        home / "server.log",
+        lambda: healthy(url, auth),
+        180,
+        "Prefect server",
+        stop_timeout=30,
+    ):
         yield url
 
 
@@ -105,18 +122,28 @@ def moto_s3(log_dir: Path) -> Iterator[str]:
     """Start `moto_server` (an S3-compatible server) on a free loopback port; yield its endpoint URL; stop it after."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    with serving([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)], None, log_dir / "moto_server.log",
-                 lambda: http_answers(endpoint), 60, "moto_server", stop_timeout=15):
+    with serving(
+        [MOTO_SERVER, "-H", "127.0.0.1", "-p", str(port)],
+        None,
+        log_dir / "moto_server.log",
+        lambda: http_answers(endpoint),
+        60,
+        "moto_server",
+        stop_timeout=15,
+    ):
         yield endpoint
 
 
 def s3_environment(endpoint: str, home: Path) -> dict[str, str]:
     """Return the AWS_* variables that point boto/s3fs at endpoint with dummy keys and no user config."""
     return {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",  # s3fs: region by env; client_kwargs region_name breaks bucket creation
-        "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": str(home / "aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials"),
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(home / "aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials"),
     }
 
 

@@ -46,7 +46,7 @@ class Backend(Protocol):
         """Run one batch and discard it (first-call compilation and allocation happen here)."""
         ...
 
-    def hidden_states(self, input_ids: np.ndarray, mask: np.ndarray) -> torch.Tensor | np.ndarray:
+    def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | np.ndarray:
         """Return the last hidden states [rows, length, width] of one padded batch (any float dtype)."""
         ...
 

@@ -12,6 +12,7 @@ dynamically quantised activations.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -37,10 +38,11 @@ def activation_maxima(model: torch.nn.Module, batches: list[tuple[torch.Tensor, 
     """Return max |input| per channel of every Linear of model over the batches (the smoothing statistics)."""
     maxima: dict[str, torch.Tensor] = {}
 
-    def record(name: str):  # noqa: ANN202 - a forward hook
+    def record(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
         def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
             seen = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(dim=0).float()
             maxima[name] = torch.maximum(maxima[name], seen) if name in maxima else seen
+
         return hook
 
     handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -82,7 +84,7 @@ class Int8Linear(torch.nn.Module):
             q = torch.nn.functional.pad(q, (0, 0, 0, 17 - q.shape[0]))
         # int32 x float scale in one kernel (no separate int -> float copy), then in place: the elementwise
         # passes over the [rows, out] result cost more than the int8 matmul itself otherwise.
-        out = torch.mul(torch._int_mm(q, self.qweight_t)[: rows.shape[0]], scale).mul_(self.wscale)
+        out = torch.mul(torch._int_mm(q, self.get_buffer("qweight_t"))[: rows.shape[0]], scale).mul_(self.get_buffer("wscale"))
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
@@ -100,11 +102,13 @@ class CompressedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return x @ (q * scale)^T + b."""
-        return torch.nn.functional.linear(x, self.qweight.to(x.dtype) * self.wscale.to(x.dtype), self.bias)
+        weight = self.get_buffer("qweight").to(x.dtype) * self.get_buffer("wscale").to(x.dtype)
+        return torch.nn.functional.linear(x, weight, self.bias)
 
 
-def quantized_copy(model: torch.nn.Module, layer: type[torch.nn.Module],
-                   maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+def quantized_copy(
+    model: torch.nn.Module, layer: type[torch.nn.Module], maxima: dict[str, torch.Tensor] | None = None
+) -> torch.nn.Module:
     """Return a copy of model with every Linear (embeddings stay float) replaced by `layer`.
 
     ``maxima`` (from `activation_maxima`, keyed by module name) turns smoothing on for Int8Linear.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,17 +52,20 @@ class _HiddenStates(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def convert(module: torch.nn.Module, precision: str):  # -> openvino.Model
+def convert(module: torch.nn.Module, precision: str) -> Any:  # an openvino.Model (imported on first use)
     """Return the OpenVINO model of a torch module, with dynamic batch and length (int8: compressed weights)."""
     import openvino as ov
 
     source = quantized_copy(module, CompressedLinear) if precision == "int8" else module
     example = {"input_ids": torch.ones(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
-    return ov.convert_model(_HiddenStates(source).eval(), example_input=example,
-                            input=[("input_ids", [-1, -1], ov.Type.i64), ("attention_mask", [-1, -1], ov.Type.i64)])
+    return ov.convert_model(
+        _HiddenStates(source).eval(),
+        example_input=example,
+        input=[("input_ids", [-1, -1], ov.Type.i64), ("attention_mask", [-1, -1], ov.Type.i64)],
+    )
 
 
-def load_or_convert(request: BackendRequest):  # -> openvino.Model
+def load_or_convert(request: BackendRequest) -> Any:  # an openvino.Model
     """Return the converted model: read from the cache folder when there, else converted (and saved there)."""
     import openvino as ov
 
@@ -77,7 +81,7 @@ def load_or_convert(request: BackendRequest):  # -> openvino.Model
     return model
 
 
-def _save_atomically(model, xml: Path) -> None:  # noqa: ANN001 - openvino.Model
+def _save_atomically(model: Any, xml: Path) -> None:
     """Write the IR under a temporary folder name, then rename it into place (a killed run leaves no half IR)."""
     import openvino as ov
 
@@ -106,8 +110,11 @@ class OpenVINOBackend:
 
         self.precision = request.precision
         self.length_multiple = 1
-        config: dict[str, object] = {"INFERENCE_PRECISION_HINT": HINTS[request.precision],
-                                     "INFERENCE_NUM_THREADS": request.threads, "PERFORMANCE_HINT": "LATENCY"}
+        config: dict[str, object] = {
+            "INFERENCE_PRECISION_HINT": HINTS[request.precision],
+            "INFERENCE_NUM_THREADS": request.threads,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
         if request.precision == "int8":
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_GROUP
         self._compiled = ov.Core().compile_model(load_or_convert(request), "CPU", config)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -56,12 +57,25 @@ def _model(params: AlsParams) -> object:
 
     if params.use_gpu and implicit.gpu.HAS_CUDA:
         from implicit.gpu.als import AlternatingLeastSquares as GpuAls
-        return GpuAls(factors=params.factors, regularization=params.regularization, alpha=params.alpha,
-                      iterations=params.iterations, random_state=params.seed)
+
+        return GpuAls(
+            factors=params.factors,
+            regularization=params.regularization,
+            alpha=params.alpha,
+            iterations=params.iterations,
+            random_state=params.seed,
+        )
     from implicit.cpu.als import AlternatingLeastSquares
-    return AlternatingLeastSquares(factors=params.factors, regularization=params.regularization, alpha=params.alpha,
-                                   iterations=params.iterations, random_state=params.seed, num_threads=params.threads,
-                                   calculate_training_loss=False)
+
+    return AlternatingLeastSquares(
+        factors=params.factors,
+        regularization=params.regularization,
+        alpha=params.alpha,
+        iterations=params.iterations,
+        random_state=params.seed,
+        num_threads=params.threads,
+        calculate_training_loss=False,
+    )
 
 
 class AlsSource:
@@ -69,7 +83,7 @@ class AlsSource:
 
     name = "als"
 
-    def __init__(self, model: object, seen: sp.csr_matrix, cold_items: np.ndarray, score_chunk: int) -> None:
+    def __init__(self, model: Any, seen: sp.csr_matrix, cold_items: np.ndarray, score_chunk: int) -> None:  # implicit's ALS
         self.model, self.seen, self.cold_items, self.score_chunk = model, seen, cold_items, score_chunk
         self.has_history = np.diff(seen.indptr) > 0
 
@@ -78,12 +92,17 @@ class AlsSource:
         out = empty_lists(len(users), n)
         width = min(n, self.seen.shape[1] - len(self.cold_items))
         for start in range(0, len(users), self.score_chunk):
-            part = users[start:start + self.score_chunk]
-            ids, scores = self.model.recommend(part, self.seen[part], N=width, filter_already_liked_items=True,  # type: ignore[attr-defined]
-                                               filter_items=self.cold_items if len(self.cold_items) else None)
+            part = users[start : start + self.score_chunk]
+            ids, scores = self.model.recommend(
+                part,
+                self.seen[part],
+                N=width,
+                filter_already_liked_items=True,
+                filter_items=self.cold_items if len(self.cold_items) else None,
+            )
             scores = np.where(np.isfinite(scores) & (ids >= 0), scores, -np.inf).astype(np.float32)
-            out.rows[start:start + len(part), :width] = np.where(np.isfinite(scores), ids, -1)
-            out.scores[start:start + len(part), :width] = scores
+            out.rows[start : start + len(part), :width] = np.where(np.isfinite(scores), ids, -1)
+            out.scores[start : start + len(part), :width] = scores
         out.rows[~self.has_history[users]] = -1
         out.scores[~self.has_history[users]] = -np.inf
         return {self.name: out}
@@ -98,6 +117,11 @@ def fit_als(history: History, params: AlsParams = AlsParams()) -> AlsSource:
     if hasattr(model, "to_cpu"):
         model = model.to_cpu()
     cold = np.flatnonzero(item_counts(history) == 0).astype(np.int32)
-    log.info("ALS: %d factors, %d users x %d items, %d items without interactions", params.factors,
-             history.n_users, history.n_items, len(cold))
+    log.info(
+        "ALS: %d factors, %d users x %d items, %d items without interactions",
+        params.factors,
+        history.n_users,
+        history.n_items,
+        len(cold),
+    )
     return AlsSource(model, seen, cold, params.score_chunk)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 import numpy as np
@@ -95,51 +95,75 @@ def encode_run(items: pl.DataFrame, interactions: pl.DataFrame) -> tuple[Catalog
         items: item_id, created_at and, when known, topic (text, may be null) and topic_score.
         interactions: user_id, item_id, event, ts.
     """
-    topics = items.get_column("topic").drop_nulls().unique().sort() if "topic" in items.columns else pl.Series([], dtype=pl.String)
+    topics = (
+        items.get_column("topic").drop_nulls().unique().sort() if "topic" in items.columns else pl.Series([], dtype=pl.String)
+    )
     index = items.select("item_id").with_row_index("item_row")
     users = interactions.select("user_id").unique().sort("user_id").with_row_index("user_row")
-    joined = (interactions.join(index, on="item_id").join(users, on="user_id")
-              .with_columns(pl.col("ts").dt.epoch("us").alias("ts_us"))
-              .sort("user_row", "ts_us", "item_row"))
-    topic_code = (items.get_column("topic").replace_strict(topics.to_list(), list(range(len(topics))), default=-1,
-                                                          return_dtype=pl.Int32)
-                  if "topic" in items.columns else pl.Series(np.full(items.height, -1, np.int32)))
+    joined = (
+        interactions.join(index, on="item_id")
+        .join(users, on="user_id")
+        .with_columns(pl.col("ts").dt.epoch("us").alias("ts_us"))
+        .sort("user_row", "ts_us", "item_row")
+    )
+    topic_code = (
+        items.get_column("topic").replace_strict(topics.to_list(), list(range(len(topics))), default=-1, return_dtype=pl.Int32)
+        if "topic" in items.columns
+        else pl.Series(np.full(items.height, -1, np.int32))
+    )
     score = items.get_column("topic_score") if "topic_score" in items.columns else pl.Series(np.zeros(items.height))
     catalogue = Catalogue(
-        index.get_column("item_id"), users.get_column("user_id"),
+        index.get_column("item_id"),
+        users.get_column("user_id"),
         items.get_column("created_at").dt.epoch("us").fill_null(0).to_numpy().astype(np.int64),
-        topic_code.fill_null(-1).to_numpy().astype(np.int32), tuple(topics.to_list()),
-        score.cast(pl.Float32).fill_null(0.0).to_numpy().astype(np.float32))
-    log = EncodedLog(joined.get_column("user_row").to_numpy().astype(np.int32),
-                     joined.get_column("item_row").to_numpy().astype(np.int32),
-                     joined.get_column("ts_us").to_numpy().astype(np.int64), joined.get_column("event"))
+        topic_code.fill_null(-1).to_numpy().astype(np.int32),
+        tuple(topics.to_list()),
+        score.cast(pl.Float32).fill_null(0.0).to_numpy().astype(np.float32),
+    )
+    log = EncodedLog(
+        joined.get_column("user_row").to_numpy().astype(np.int32),
+        joined.get_column("item_row").to_numpy().astype(np.int32),
+        joined.get_column("ts_us").to_numpy().astype(np.int64),
+        joined.get_column("event"),
+    )
     return catalogue, log
 
 
-def history_of(log: EncodedLog, catalogue: Catalogue, keep: np.ndarray | None, now: datetime,
-               event_weights: Mapping[str, float], half_life_days: float) -> History:
+def history_of(
+    log: EncodedLog,
+    catalogue: Catalogue,
+    keep: np.ndarray | None,
+    now: datetime,
+    event_weights: Mapping[str, float],
+    half_life_days: float,
+) -> History:
     """Return the History of the log rows where keep is True (all when None), weighted as of now."""
     keep = np.ones(len(log.user_rows), dtype=bool) if keep is None else keep
-    event = log.events.filter(pl.Series(keep)).replace_strict(dict(event_weights), default=0.0,
-                                                               return_dtype=pl.Float64).to_numpy()
+    event = (
+        log.events.filter(pl.Series(keep)).replace_strict(dict(event_weights), default=0.0, return_dtype=pl.Float64).to_numpy()
+    )
     ts = log.ts_us[keep]
     age_days = np.clip((to_epoch_us(now) - ts) / _US_PER_DAY, 0.0, None)
     weights = (event * 0.5 ** (age_days / half_life_days)).astype(np.float32)
-    return History(log.user_rows[keep], log.item_rows[keep], ts, event.astype(np.float32), weights,
-                   catalogue.n_users, catalogue.n_items, now)
+    return History(
+        log.user_rows[keep], log.item_rows[keep], ts, event.astype(np.float32), weights, catalogue.n_users, catalogue.n_items, now
+    )
 
 
 def to_epoch_us(moment: datetime) -> int:
     """Return a datetime (naive = UTC) as integer microseconds since the Unix epoch."""
-    aware = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-    return (aware - datetime(1970, 1, 1, tzinfo=timezone.utc)) // datetime.resolution
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return (aware - datetime(1970, 1, 1, tzinfo=UTC)) // datetime.resolution
 
 
 def user_item_matrix(history: History, values: np.ndarray | None = None) -> sp.csr_matrix:
     """Return the (users, items) CSR matrix of summed weights (or of the given per-row values)."""
     data = history.weights if values is None else values
-    matrix = sp.csr_matrix((data.astype(np.float32), (history.user_rows, history.item_rows)),
-                           shape=(history.n_users, history.n_items), dtype=np.float32)
+    matrix = sp.csr_matrix(
+        (data.astype(np.float32), (history.user_rows, history.item_rows)),
+        shape=(history.n_users, history.n_items),
+        dtype=np.float32,
+    )
     matrix.sum_duplicates()
     return matrix
 

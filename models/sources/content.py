@@ -6,7 +6,8 @@
                   untouched tail); the only list that reaches such items, the one the fusion's quota
                   draws from
 User vectors are the weighted sum of the user's items' embeddings, normalised (retrieval.user_vectors'
-formula with the History's weights, summed block by block so that memory stays users x dim). Embeddings stream as ItemChunks: each recommend call makes two passes over the
+formula with the History's weights, summed block by block so that memory stays users x dim). Embeddings stream
+as ItemChunks: each recommend call makes two passes over the
 blocks (gather the users' items, then score every block: retrieval.top_k_items); the new items' vectors
 are gathered once (first call) and scored as one small matrix. Users with no history get nothing.
 """
@@ -28,8 +29,7 @@ class ContentSource:
 
     name = CONTENT
 
-    def __init__(self, items: ItemChunks, history: History, new_items: np.ndarray, device: torch.device,
-                 chunk: int) -> None:
+    def __init__(self, items: ItemChunks, history: History, new_items: np.ndarray, device: torch.device, chunk: int) -> None:
         if items.n_items != history.n_items:
             raise ValueError(f"embeddings cover {items.n_items} items, the history {history.n_items}")
         self.items, self.history, self.device, self.chunk = items, history, device, chunk
@@ -42,8 +42,7 @@ class ContentSource:
         pieces = [np.arange(self.starts[u], self.starts[u + 1]) for u in users]
         index = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         local = np.repeat(np.arange(len(users)), [len(p) for p in pieces])
-        return Interactions(local, self.history.item_rows[index].astype(np.int64), self.history.weights[index],
-                            len(users))
+        return Interactions(local, self.history.item_rows[index].astype(np.int64), self.history.weights[index], len(users))
 
     def _user_vectors(self, inter: Interactions) -> torch.Tensor:
         """Return retrieval.user_vectors' unit vectors, summed block by block (memory: users x dim)."""
@@ -113,8 +112,14 @@ def new_item_mask(history: History, created_us: np.ndarray, max_new_items: int) 
     return mask
 
 
-def fit_content(items: ItemChunks, history: History, created_us: np.ndarray, max_new_items: int = 100_000,
-                device: torch.device | None = None, chunk: int = 2048) -> ContentSource:
+def fit_content(
+    items: ItemChunks,
+    history: History,
+    created_us: np.ndarray,
+    max_new_items: int = 100_000,
+    device: torch.device | None = None,
+    chunk: int = 2048,
+) -> ContentSource:
     """Return the content source over streamed item embeddings (unit-norm rows, in item-row order)."""
     mask = new_item_mask(history, created_us, max_new_items)
     return ContentSource(items, history, mask, device or torch.device("cpu"), chunk)

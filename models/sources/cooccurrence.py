@@ -74,8 +74,9 @@ def _pairs(seq: Sequences, distance: int, damping: np.ndarray) -> tuple[np.ndarr
     return a, b, (weight * damping[seq.users[:-distance][same]]).astype(np.float32)
 
 
-def _pass_table(seq: Sequences, params: CooccurrenceParams, damping: np.ndarray, mass: np.ndarray,
-                part: int, n_parts: int, n_items: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pass_table(
+    seq: Sequences, params: CooccurrenceParams, damping: np.ndarray, mass: np.ndarray, part: int, n_parts: int, n_items: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return the kept (a, b, similarity) triples of the items a with a mod n_parts == part."""
     rows, cols, vals = [], [], []
     for distance in range(1, params.window + 1):
@@ -86,8 +87,9 @@ def _pass_table(seq: Sequences, params: CooccurrenceParams, damping: np.ndarray,
             cols.append(right[pick])
             vals.append(w[pick])
     n_rows = -(-n_items // n_parts)
-    table = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                          shape=(n_rows, n_items)).tocsr()  # sums duplicate pairs, in a fixed order
+    table = sp.coo_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_items)
+    ).tocsr()  # sums duplicate pairs, in a fixed order
     table.sum_duplicates()
     coo = table.tocoo()
     a = coo.row.astype(np.int64) * n_parts + part
@@ -110,11 +112,11 @@ class CooccurrenceSource:
         """Return {cooccurrence: the top-n unseen items by summed similarity to each user's history}."""
         out = empty_lists(len(users), n)
         for start in range(0, len(users), self.score_chunk):
-            part = users[start:start + self.score_chunk]
+            part = users[start : start + self.score_chunk]
             scores = (self.profiles[part] @ self.table).tocoo()
             keep = drop_seen(self.seen, part, scores.row, scores.col) & (scores.data > 0)
             lists = top_n_per_row(scores.row[keep], scores.col[keep], scores.data[keep], len(part), n)
-            out.rows[start:start + len(part)], out.scores[start:start + len(part)] = lists.rows, lists.scores
+            out.rows[start : start + len(part)], out.scores[start : start + len(part)] = lists.rows, lists.scores
         return {self.name: out}
 
 
@@ -130,7 +132,6 @@ def fit_cooccurrence(history: History, params: CooccurrenceParams = Cooccurrence
     parts = [_pass_table(seq, params, damping, mass, p, n_parts, history.n_items) for p in range(n_parts)]
     a, b, s = (np.concatenate([part[i] for part in parts]) for i in range(3))
     table = sp.csr_matrix((s, (a, b)), shape=(history.n_items, history.n_items), dtype=np.float32)
-    profiles = sp.csr_matrix((seq.weights, (seq.users, seq.items)), shape=(history.n_users, history.n_items),
-                             dtype=np.float32)
+    profiles = sp.csr_matrix((seq.weights, (seq.users, seq.items)), shape=(history.n_users, history.n_items), dtype=np.float32)
     log.info("co-visitation: %d pairs in %d passes, %d kept neighbour entries", n_pairs, n_parts, table.nnz)
     return CooccurrenceSource(table, profiles, user_item_matrix(history), params.score_chunk)

@@ -78,8 +78,9 @@ class TopicTrendingSource:
         self.trending, self.topic = trending.astype(np.float32), catalogue.topic
         n_topics = len(catalogue.topic_names) + 1  # the last column: items without a topic
         topic = np.where(catalogue.topic[history.item_rows] >= 0, catalogue.topic[history.item_rows], n_topics - 1)
-        counts = sp.csr_matrix((np.ones(len(topic), np.float32), (history.user_rows, topic)),
-                               shape=(history.n_users, n_topics)).toarray()
+        counts = sp.csr_matrix(
+            (np.ones(len(topic), np.float32), (history.user_rows, topic)), shape=(history.n_users, n_topics)
+        ).toarray()
         self.has_history = counts.sum(axis=1) > 0
         self.affinity = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
         item_topic = np.where(self.topic >= 0, self.topic, n_topics - 1)
@@ -115,7 +116,8 @@ def fit_most_popular(history: History) -> GlobalRankSource:
     return GlobalRankSource("popularity", item_counts(history).astype(np.float64), user_item_matrix(history))
 
 
-def fit_topic_trending(history: History, catalogue: Catalogue,
-                       params: PopularityParams = PopularityParams()) -> TopicTrendingSource:
+def fit_topic_trending(
+    history: History, catalogue: Catalogue, params: PopularityParams = PopularityParams()
+) -> TopicTrendingSource:
     """Return the topic-affine trending source."""
     return TopicTrendingSource(trending_scores(history, params.trend_half_life_days), catalogue, history, params)

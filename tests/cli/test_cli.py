@@ -34,8 +34,17 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subp
     home, inputs = root / "home", root / "inputs"
     made = nightscore("demo-data", "--out", str(inputs), "--items", "300", "--users", "80", "--seed", "1", home=home)
     assert made.returncode == 0, made.stderr
-    run = nightscore("run", "nightly", "--items", str(inputs / "items.parquet"),
-                     "--interactions", str(inputs / "interactions.parquet"), "--run-date", "2026-11-30", home=home)
+    run = nightscore(
+        "run",
+        "nightly",
+        "--items",
+        str(inputs / "items.parquet"),
+        "--interactions",
+        str(inputs / "interactions.parquet"),
+        "--run-date",
+        "2026-11-30",
+        home=home,
+    )
     return home, inputs, run
 
 
@@ -77,7 +86,8 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
 
 
 def test_unreadable_input_exits_3_naming_the_file(
-        demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
     home, inputs, _ = demo_run
     bad = tmp_path / "items.parquet"
     pl.read_parquet(inputs / "items.parquet").drop("item_id").write_parquet(bad)
@@ -91,7 +101,8 @@ def test_unreadable_input_exits_3_naming_the_file(
 
 
 def test_sql_error_and_refused_statements_exit_2_with_one_line(
-        demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
     done = nightscore("query", "select * from no_such_table", home=demo_run[0])
     assert done.returncode == 2 and "no_such_table" in done.stderr and done.stderr.count("\n") == 1, done.stderr
     done = nightscore("query", "selec 1", home=demo_run[0])
@@ -112,7 +123,8 @@ def test_broken_warehouse_file_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_unexpected_error_is_one_line_and_its_traceback_goes_to_the_log_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from nightscore import cli
     from storage import resources
 

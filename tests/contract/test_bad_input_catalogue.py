@@ -47,25 +47,38 @@ def run_check(tmp_path: Path, items: pl.DataFrame | Path, interactions: pl.DataF
 
 
 def set_cell(frame: pl.DataFrame, column: str, row: int, value: object) -> pl.DataFrame:
-    return frame.with_columns(pl.when(pl.int_range(pl.len()) == row).then(pl.lit(value, dtype=frame.schema[column]))
-                              .otherwise(pl.col(column)).alias(column))
+    return frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == row)
+        .then(pl.lit(value, dtype=frame.schema[column]))
+        .otherwise(pl.col(column))
+        .alias(column)
+    )
 
 
 ROW_CASES = {
     "null item_id": ("items", lambda i: set_cell(i, "item_id", 3, None), "item_id:not_nullable"),
     "null body": ("items", lambda i: set_cell(i, "body", 3, None), "body:not_nullable"),
-    "duplicate item_id (both copies)": ("items", lambda i: set_cell(i, "item_id", 4, i["item_id"][3]),
-                                        "item_id:field_uniqueness"),
+    "duplicate item_id (both copies)": (
+        "items",
+        lambda i: set_cell(i, "item_id", 4, i["item_id"][3]),
+        "item_id:field_uniqueness",
+    ),
     "empty text": ("items", lambda i: set_cell(set_cell(i, "body", 3, ""), "title", 3, None), "text:not_blank"),
     "whitespace-only text": ("items", lambda i: set_cell(set_cell(i, "body", 3, " \t "), "title", 3, "  "), "text:not_blank"),
     "1 MB text": ("items", lambda i: set_cell(i, "body", 3, "word " * 200_000), "text:str_length(None, 100000)"),
-    "future created_at": ("items", lambda i: set_cell(i, "created_at", 3, datetime(2027, 3, 1, tzinfo=UTC)),
-                          "created_at:less_than_or_equal_to"),
+    "future created_at": (
+        "items",
+        lambda i: set_cell(i, "created_at", 3, datetime(2027, 3, 1, tzinfo=UTC)),
+        "created_at:less_than_or_equal_to",
+    ),
     "null user_id": ("interactions", lambda x: set_cell(x, "user_id", 3, None), "user_id:not_nullable"),
     "null ts": ("interactions", lambda x: set_cell(x, "ts", 3, None), "ts:not_nullable"),
     "unknown event type": ("interactions", lambda x: set_cell(x, "event", 3, "share"), "event:isin"),
-    "future timestamp": ("interactions", lambda x: set_cell(x, "ts", 3, datetime(2027, 1, 1, tzinfo=UTC)),
-                         "ts:less_than_or_equal_to"),
+    "future timestamp": (
+        "interactions",
+        lambda x: set_cell(x, "ts", 3, datetime(2027, 1, 1, tzinfo=UTC)),
+        "ts:less_than_or_equal_to",
+    ),
     "unknown item": ("interactions", lambda x: set_cell(x, "item_id", 3, "item-999999"), "item_id:item_exists"),
 }
 
@@ -104,8 +117,10 @@ def test_extra_column_is_ignored(tmp_path: Path, demo) -> None:
 
 FILE_CASES = {
     "missing column": (lambda i, p: i.drop("item_id").write_parquet(p), "missing required column"),
-    "wrong dtype that cannot be coerced": (lambda i, p: i.with_columns(pl.lit(3.5).alias("created_at")).write_parquet(p),
-                                           "column created_at has type Float64"),
+    "wrong dtype that cannot be coerced": (
+        lambda i, p: i.with_columns(pl.lit(3.5).alias("created_at")).write_parquet(p),
+        "column created_at has type Float64",
+    ),
     "empty file (no rows)": (lambda i, p: i.head(0).write_parquet(p), "no rows"),
     "zero-byte file": (lambda i, p: p.write_bytes(b""), "not a readable Parquet file"),
     "truncated parquet": (lambda i, p: (i.write_parquet(p), p.write_bytes(p.read_bytes()[:500])), "not a readable Parquet file"),
@@ -127,12 +142,26 @@ def test_cli_check_prints_rules_and_exits_3_over_the_limit(tmp_path: Path, demo)
     items, interactions = demo
     bad = items.with_columns(pl.when(pl.int_range(pl.len()) < 30).then(pl.lit("share")).otherwise(pl.col("body")).alias("body"))
     inter = interactions.with_columns(
-        pl.when(pl.int_range(pl.len()) < 100).then(pl.lit("share")).otherwise(pl.col("event")).alias("event"))
+        pl.when(pl.int_range(pl.len()) < 100).then(pl.lit("share")).otherwise(pl.col("event")).alias("event")
+    )
     bad.write_parquet(tmp_path / "items.parquet")
     inter.write_parquet(tmp_path / "interactions.parquet")
     cli = str(Path(sys.executable).with_name("nightscore"))
-    done = subprocess.run([cli, "contracts", "check", "--items", str(tmp_path / "items.parquet"), "--interactions",
-                           str(tmp_path / "interactions.parquet"), "--home", str(tmp_path / "h")], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            cli,
+            "contracts",
+            "check",
+            "--items",
+            str(tmp_path / "items.parquet"),
+            "--interactions",
+            str(tmp_path / "interactions.parquet"),
+            "--home",
+            str(tmp_path / "h"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 3, done.stderr[-2000:]
     assert "event:isin" in done.stdout and "FAIL" in done.stdout
 
@@ -188,12 +217,12 @@ def test_invalid_bytes_in_an_interaction_key_name_their_column(tmp_path: Path, d
 def with_copies(items: pl.DataFrame) -> pl.DataFrame:
     """Return items where item 3's id appears on rows 3, 10 and 20 with three created_at; row 20 is the latest."""
     out = set_cell(set_cell(items, "item_id", 10, items["item_id"][3]), "item_id", 20, items["item_id"][3])
-    stamps = [datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC),
-              datetime(2026, 11, 3, tzinfo=UTC)]
+    stamps = [datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC), datetime(2026, 11, 3, tzinfo=UTC)]
     for row, stamp in zip((3, 10, 20), (stamps[1], stamps[0], stamps[2]), strict=True):
         out = set_cell(out, "created_at", row, stamp)
-    return out.with_columns(pl.when(pl.int_range(pl.len()) == 20).then(pl.lit("the newest copy")).otherwise(pl.col("body"))
-                            .alias("body"))
+    return out.with_columns(
+        pl.when(pl.int_range(pl.len()) == 20).then(pl.lit("the newest copy")).otherwise(pl.col("body")).alias("body")
+    )
 
 
 def test_keep_latest_keeps_the_newest_copy_and_says_why_the_others_went(demo) -> None:

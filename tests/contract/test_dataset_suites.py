@@ -36,36 +36,47 @@ def make_item_scores(n: int = 400, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    return pl.DataFrame({
-        "run_id": "run-1", "run_date": date(2026, 11, 1), "item_id": [f"i{i:04d}" for i in range(n)],
-        "model_version": "minilm-1", "topic": [TOPICS[i % len(TOPICS)] for i in range(n)],
-        "topic_score": rng.uniform(0.2, 0.8, n), "token_count": rng.integers(4, 200, n, dtype=np.int32),
-        "content_hash": [f"h{i}" for i in range(n)],
-    }).with_columns(pl.Series("embedding", vectors, dtype=pl.Array(pl.Float32, DIM)))
+    return pl.DataFrame(
+        {
+            "run_id": "run-1",
+            "run_date": date(2026, 11, 1),
+            "item_id": [f"i{i:04d}" for i in range(n)],
+            "model_version": "minilm-1",
+            "topic": [TOPICS[i % len(TOPICS)] for i in range(n)],
+            "topic_score": rng.uniform(0.2, 0.8, n),
+            "token_count": rng.integers(4, 200, n, dtype=np.int32),
+            "content_hash": [f"h{i}" for i in range(n)],
+        }
+    ).with_columns(pl.Series("embedding", vectors, dtype=pl.Array(pl.Float32, DIM)))
 
 
 def make_candidates(n_users: int = 50, k: int = K, seed: int = 0) -> pl.DataFrame:
     """Return a clean user_candidates frame: k distinct items per user, ranks 1..k, decreasing scores."""
     rng = np.random.default_rng(seed)
-    rows = [(f"u{u:03d}", rank, f"i{item:04d}", 1.0 - rank / 100)
-            for u in range(n_users) for rank, item in enumerate(rng.choice(500, k, replace=False), start=1)]
-    frame = pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float32},
-                         orient="row")
+    rows = [
+        (f"u{u:03d}", rank, f"i{item:04d}", 1.0 - rank / 100)
+        for u in range(n_users)
+        for rank, item in enumerate(rng.choice(500, k, replace=False), start=1)
+    ]
+    frame = pl.DataFrame(
+        rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float32}, orient="row"
+    )
     return frame.select(pl.lit("run-1").alias("run_id"), pl.lit(date(2026, 11, 1)).alias("run_date"), pl.all())
 
 
 @pytest.fixture(scope="module")
 def frames() -> dict[str, pl.DataFrame]:
     items, interactions = generate_demo_data(300, 60, seed=5)
-    return {"items": items, "interactions": interactions, "item_scores": make_item_scores(),
-            "user_candidates": make_candidates()}
+    return {"items": items, "interactions": interactions, "item_scores": make_item_scores(), "user_candidates": make_candidates()}
 
 
 def with_value(frame: pl.DataFrame, column: str, row: int, value: object) -> pl.DataFrame:
     """Return frame with one cell replaced."""
     return frame.with_columns(
-        pl.when(pl.int_range(pl.len()) == row).then(pl.lit(value, dtype=frame.schema[column]))
-        .otherwise(pl.col(column)).alias(column)
+        pl.when(pl.int_range(pl.len()) == row)
+        .then(pl.lit(value, dtype=frame.schema[column]))
+        .otherwise(pl.col(column))
+        .alias(column)
     )
 
 
@@ -102,8 +113,12 @@ def test_first_run_leaves_out_the_checks_against_the_previous_run() -> None:
     assert "coverage" not in suite_expectations("user_candidates", suite_params(None, PARAMS))
 
 
-DATASET_LEVEL = {"expect_table_row_count_to_be_between", "expect_column_mean_to_be_between",
-                 "expect_column_values_to_be_between", "expect_column_min_to_be_between"}
+DATASET_LEVEL = {
+    "expect_table_row_count_to_be_between",
+    "expect_column_mean_to_be_between",
+    "expect_column_values_to_be_between",
+    "expect_column_min_to_be_between",
+}
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
@@ -191,10 +206,13 @@ def test_empty_frame_fails_the_first_run_row_count(frames: dict[str, pl.DataFram
     assert failed(report, "expect_table_row_count_to_be_between")[0].observed == 0
 
 
-@pytest.mark.parametrize(("params", "previous"), [
-    (SuiteParams(top_k=K, expected_users=100), None),
-    (PARAMS, {"row_count": 500.0, "n_users": 100.0}),
-])
+@pytest.mark.parametrize(
+    ("params", "previous"),
+    [
+        (SuiteParams(top_k=K, expected_users=100), None),
+        (PARAMS, {"row_count": 500.0, "n_users": 100.0}),
+    ],
+)
 def test_too_few_users_served_fails_coverage(frames: dict[str, pl.DataFrame], params: SuiteParams, previous: dict | None) -> None:
     report = validate_dataset("user_candidates", frames["user_candidates"], previous, params)
     assert only_failure(report, "expect_column_min_to_be_between", "user_coverage") == pytest.approx(0.5)

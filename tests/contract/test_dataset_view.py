@@ -16,11 +16,15 @@ def scores_frame(n: int, seed: int = 0) -> pl.DataFrame:
     """Return n item_scores-like rows: ids, a topic (some null), a score and a 4-float embedding."""
     rng = np.random.default_rng(seed)
     topics = [["sports", "tech", "food", None][t] for t in rng.integers(0, 4, n)]
-    return pl.DataFrame({
-        "item_id": [f"i{i:05d}" for i in range(n)], "topic": topics, "topic_score": rng.uniform(0, 1, n),
-        "user_id": [f"u{i % 37:02d}" for i in range(n)],
-        "embedding": rng.normal(size=(n, 4)).astype(np.float32).tolist(),
-    })
+    return pl.DataFrame(
+        {
+            "item_id": [f"i{i:05d}" for i in range(n)],
+            "topic": topics,
+            "topic_score": rng.uniform(0, 1, n),
+            "user_id": [f"u{i % 37:02d}" for i in range(n)],
+            "embedding": rng.normal(size=(n, 4)).astype(np.float32).tolist(),
+        }
+    )
 
 
 def batches(frame: pl.DataFrame, size: int) -> list[pl.DataFrame]:
@@ -57,8 +61,9 @@ def test_builder_passes_batches_through_unchanged() -> None:
 
 def test_nan_topic_score_propagates_to_the_mean_and_leaves_it_out_of_the_stats() -> None:
     frame = scores_frame(10)
-    nan = frame.with_columns(pl.when(pl.col("item_id") == "i00003").then(float("nan")).otherwise(pl.col("topic_score"))
-                             .alias("topic_score"))
+    nan = frame.with_columns(
+        pl.when(pl.col("item_id") == "i00003").then(float("nan")).otherwise(pl.col("topic_score")).alias("topic_score")
+    )
     assert math.isnan(view_of(nan).topic_score_mean)  # type: ignore[arg-type]
     assert "mean_topic_score" not in dataset_stats("item_scores", nan)
     assert "mean_topic_score" in dataset_stats("item_scores", frame)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
@@ -13,7 +13,7 @@ from data_contracts.outputs import candidate_failures, item_score_failures
 from nightscore.demo_data import generate_demo_data
 from nightscore.errors import InputUnreadable
 
-RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=timezone.utc), max_text_chars=20_000)
+RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=UTC), max_text_chars=20_000)
 URI = "mem://items.parquet"
 
 
@@ -46,10 +46,12 @@ def test_clean_demo_batch_passes(demo: tuple[pl.DataFrame, pl.DataFrame]) -> Non
         ("item_id", "", "item_id:str_length(1, None)"),
         ("body", None, "body:not_nullable"),
         ("body", "x" * 25_000, "text:str_length(None, 20000)"),
-        ("created_at", datetime(2027, 6, 1, tzinfo=timezone.utc), "created_at:less_than_or_equal_to"),
+        ("created_at", datetime(2027, 6, 1, tzinfo=UTC), "created_at:less_than_or_equal_to"),
     ],
 )
-def test_bad_item_value_is_quarantined_with_its_rule(demo: tuple[pl.DataFrame, pl.DataFrame], column: str, value: object, rule: str) -> None:
+def test_bad_item_value_is_quarantined_with_its_rule(
+    demo: tuple[pl.DataFrame, pl.DataFrame], column: str, value: object, rule: str
+) -> None:
     items = with_value(demo[0], column, 7, value)
     valid, quarantine = validate_items(items, RULES, URI)
     assert valid.height == items.height - 1
@@ -59,7 +61,7 @@ def test_bad_item_value_is_quarantined_with_its_rule(demo: tuple[pl.DataFrame, p
 
 def test_blank_text_is_quarantined(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
     items = with_value(with_value(demo[0], "body", 3, " \t\n "), "title", 3, None)
-    valid, quarantine = validate_items(items, RULES, URI)
+    _, quarantine = validate_items(items, RULES, URI)
     assert quarantine.select("row_key", "rule").rows() == [(items["item_id"][3], "text:not_blank")]
 
 
@@ -75,11 +77,13 @@ def test_every_copy_of_a_duplicate_id_is_quarantined(demo: tuple[pl.DataFrame, p
     [
         ("event", "like", "event:isin"),
         ("user_id", "  ", "user_id:not_blank"),
-        ("ts", datetime(2030, 1, 1, tzinfo=timezone.utc), "ts:less_than_or_equal_to"),
+        ("ts", datetime(2030, 1, 1, tzinfo=UTC), "ts:less_than_or_equal_to"),
         ("item_id", "item-999999", "item_id:item_exists"),
     ],
 )
-def test_bad_interaction_is_quarantined_with_its_rule(demo: tuple[pl.DataFrame, pl.DataFrame], column: str, value: object, rule: str) -> None:
+def test_bad_interaction_is_quarantined_with_its_rule(
+    demo: tuple[pl.DataFrame, pl.DataFrame], column: str, value: object, rule: str
+) -> None:
     items, interactions = demo
     bad = with_value(interactions, column, 4, value)
     valid, quarantine = validate_interactions(bad, items["item_id"], RULES, URI)
@@ -107,9 +111,9 @@ def test_extra_columns_are_ignored_and_safe_types_coerced(demo: tuple[pl.DataFra
 
 def scores_frame(vectors: np.ndarray, topic_score: list[float]) -> pl.DataFrame:
     n = len(vectors)
-    return pl.DataFrame({"item_id": [f"i{i}" for i in range(n)], "topic": ["sports"] * n, "topic_score": topic_score}).with_columns(
-        pl.Series("embedding", vectors.astype(np.float32)).cast(pl.Array(pl.Float32, vectors.shape[1]))
-    )
+    return pl.DataFrame(
+        {"item_id": [f"i{i}" for i in range(n)], "topic": ["sports"] * n, "topic_score": topic_score}
+    ).with_columns(pl.Series("embedding", vectors.astype(np.float32)).cast(pl.Array(pl.Float32, vectors.shape[1])))
 
 
 def test_output_contract_catches_nan_norms_and_scores() -> None:
@@ -126,9 +130,18 @@ def test_output_contract_catches_nan_norms_and_scores() -> None:
 
 def test_candidate_contract_catches_repeats_seen_items_and_short_lists() -> None:
     interactions = pl.DataFrame({"user_id": ["u1", "u2"], "item_id": ["i0", "i0"]})
-    ok = pl.DataFrame({"user_id": ["u1", "u1", "u2", "u2"], "rank": [1, 2, 1, 2], "item_id": ["i1", "i2", "i2", "i1"], "score": [0.9, 0.8, 0.7, 0.6]})
+    ok = pl.DataFrame(
+        {
+            "user_id": ["u1", "u1", "u2", "u2"],
+            "rank": [1, 2, 1, 2],
+            "item_id": ["i1", "i2", "i2", "i1"],
+            "score": [0.9, 0.8, 0.7, 0.6],
+        }
+    )
     assert candidate_failures(ok, interactions, n_items=3, k=2) == []
-    repeated = ok.with_columns(pl.when(pl.int_range(pl.len()) == 1).then(pl.lit("i1")).otherwise(pl.col("item_id")).alias("item_id"))
+    repeated = ok.with_columns(
+        pl.when(pl.int_range(pl.len()) == 1).then(pl.lit("i1")).otherwise(pl.col("item_id")).alias("item_id")
+    )
     assert any("repeat" in f for f in candidate_failures(repeated, interactions, 3, 2))
     seen = ok.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("i0")).otherwise(pl.col("item_id")).alias("item_id"))
     assert any("already interacted" in f for f in candidate_failures(seen, interactions, 3, 2))
@@ -138,7 +151,9 @@ def test_candidate_contract_catches_repeats_seen_items_and_short_lists() -> None
 def test_output_row_contracts_are_pandera_and_catch_bad_values() -> None:
     from data_contracts.outputs import pandera_failures, user_candidates_schema
 
-    good = pl.DataFrame({"user_id": ["u1", "u1"], "item_id": ["a", "b"], "rank": [1, 2], "score": [0.5, 0.4]}).cast({"rank": pl.Int32})
+    good = pl.DataFrame({"user_id": ["u1", "u1"], "item_id": ["a", "b"], "rank": [1, 2], "score": [0.5, 0.4]}).cast(
+        {"rank": pl.Int32}
+    )
     assert pandera_failures(good, user_candidates_schema(2)) == []
     bad = good.with_columns(pl.Series("rank", [1, 7], dtype=pl.Int32), pl.Series("item_id", ["a", "a"]))
     failures = pandera_failures(bad, user_candidates_schema(2))

@@ -21,26 +21,38 @@ def item_scores(n: int = 60, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    return pl.DataFrame({
-        "run_id": "r1", "run_date": date(2026, 11, 1), "item_id": [f"i{i:04d}" for i in range(n)], "model_version": "m",
-        "topic": [TOPICS[i % len(TOPICS)] for i in range(n)], "topic_score": rng.uniform(0.2, 0.8, n),
-        "token_count": rng.integers(4, 200, n, dtype=np.int32), "content_hash": ["h" * 64] * n,
-    }).with_columns(pl.Series("embedding", vectors, dtype=pl.Array(pl.Float32, DIM)))
+    return pl.DataFrame(
+        {
+            "run_id": "r1",
+            "run_date": date(2026, 11, 1),
+            "item_id": [f"i{i:04d}" for i in range(n)],
+            "model_version": "m",
+            "topic": [TOPICS[i % len(TOPICS)] for i in range(n)],
+            "topic_score": rng.uniform(0.2, 0.8, n),
+            "token_count": rng.integers(4, 200, n, dtype=np.int32),
+            "content_hash": ["h" * 64] * n,
+        }
+    ).with_columns(pl.Series("embedding", vectors, dtype=pl.Array(pl.Float32, DIM)))
 
 
 def candidates(n_users: int = 6, k: int = K) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (clean candidates: k distinct unseen items per user ranked 1..k, the users' interactions)."""
     rows = [(f"u{u}", rank, f"i{(u * 7 + rank) % 60:04d}", 1.0 - rank / 100) for u in range(n_users) for rank in range(1, k + 1)]
-    frame = pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64},
-                         orient="row")
+    frame = pl.DataFrame(
+        rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}, orient="row"
+    )
     seen = pl.DataFrame({"user_id": [f"u{u}" for u in range(n_users)], "item_id": ["i0059"] * n_users})
     return frame, seen
 
 
 def with_value(frame: pl.DataFrame, column: str, row: int, value: object) -> pl.DataFrame:
     """Return frame with one cell replaced."""
-    return frame.with_columns(pl.when(pl.int_range(pl.len()) == row).then(pl.lit(value, dtype=frame.schema[column]))
-                              .otherwise(pl.col(column)).alias(column))
+    return frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == row)
+        .then(pl.lit(value, dtype=frame.schema[column]))
+        .otherwise(pl.col(column))
+        .alias(column)
+    )
 
 
 def test_clean_outputs_pass() -> None:
@@ -52,18 +64,22 @@ def test_clean_outputs_pass() -> None:
 @pytest.mark.parametrize(("factor", "expected"), [(1.1, "norm off 1"), (float("nan"), "NaN or infinite")])
 def test_embedding_off_the_unit_sphere_fails(factor: float, expected: str) -> None:
     frame = item_scores()
-    bad = frame.with_columns(pl.when(pl.col("item_id") == "i0007").then(pl.col("embedding") * factor)
-                             .otherwise(pl.col("embedding")).alias("embedding"))
+    bad = frame.with_columns(
+        pl.when(pl.col("item_id") == "i0007").then(pl.col("embedding") * factor).otherwise(pl.col("embedding")).alias("embedding")
+    )
     assert any(expected in failure for failure in item_score_failures(bad, TOPICS, 60))
 
 
-@pytest.mark.parametrize(("column", "value", "expected"), [
-    ("topic_score", 1.5, "topic_score: in_range"),
-    ("topic_score", float("nan"), "topic_score: in_range"),
-    ("topic_score", None, "topic_score: not_nullable"),
-    ("topic", "gardening", "topic: isin"),
-    ("item_id", "i0001", "item_id is not unique"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "expected"),
+    [
+        ("topic_score", 1.5, "topic_score: in_range"),
+        ("topic_score", float("nan"), "topic_score: in_range"),
+        ("topic_score", None, "topic_score: not_nullable"),
+        ("topic", "gardening", "topic: isin"),
+        ("item_id", "i0001", "item_id is not unique"),
+    ],
+)
 def test_bad_item_score_value_fails_naming_its_rule(column: str, value: object, expected: str) -> None:
     failures = item_score_failures(with_value(item_scores(), column, 3, value), TOPICS, 60)
     assert any(expected in failure for failure in failures), failures

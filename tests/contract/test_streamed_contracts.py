@@ -23,20 +23,26 @@ def defective() -> tuple[pl.DataFrame, pl.DataFrame]:
     ids[60] = None
     bodies = items["body"].to_list()
     bodies[90] = "   "
-    items = items.with_columns(pl.Series("item_id", ids), pl.Series("body", bodies),
-                               pl.when(pl.int_range(pl.len()) == 90).then(None).otherwise(pl.col("title")).alias("title"))
+    items = items.with_columns(
+        pl.Series("item_id", ids),
+        pl.Series("body", bodies),
+        pl.when(pl.int_range(pl.len()) == 90).then(None).otherwise(pl.col("title")).alias("title"),
+    )
     events = interactions["event"].to_list()
     events[5] = "like"
     return items, interactions.with_columns(pl.Series("event", events))
 
 
-def _batched(items: pl.DataFrame, interactions: pl.DataFrame, size: int,
-             rules: InputRules = RULES) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _batched(
+    items: pl.DataFrame, interactions: pl.DataFrame, size: int, rules: InputRules = RULES
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     duplicated = duplicate_rows(items.select("item_id", "created_at"), rules.duplicate_policy)
     parts = [validate_items(items.slice(o, size), rules, URI, o, duplicated) for o in range(0, items.height, size)]
     valid = pl.concat([p[0] for p in parts])
-    inter = [validate_interactions(interactions.slice(o, size), valid["item_id"], RULES, URI, o)
-             for o in range(0, interactions.height, size)]
+    inter = [
+        validate_interactions(interactions.slice(o, size), valid["item_id"], RULES, URI, o)
+        for o in range(0, interactions.height, size)
+    ]
     quarantine = pl.concat([p[1] for p in parts] + [p[1] for p in inter])
     return valid, pl.concat([p[0] for p in inter]), quarantine
 

@@ -3,8 +3,8 @@ modules that run the `nightscore` CLI in subprocesses."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -21,8 +21,11 @@ SOURCE_LISTS = {"als", "content", "content_new", "cooccurrence", "topic_trending
 
 def run(folder: Path, run_date: str) -> object:
     """Run the nightly flow on a folder of demo inputs."""
-    return nightly(NightlyParams(run_date=run_date, items_uri=str(folder / "items.parquet"),
-                                 interactions_uri=str(folder / "interactions.parquet")))
+    return nightly(
+        NightlyParams(
+            run_date=run_date, items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet")
+        )
+    )
 
 
 def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_ranker(tiny: Path, tmp_path: Path) -> None:
@@ -32,7 +35,11 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
     methods = {method for method, _, _ in rows}
     assert SOURCE_LISTS | {"popularity", "fused", "fused_rrf", "split"} <= methods, methods
     assert {metric for method, metric, _ in rows if method == "fused"} == {
-        "recall_at_k", "ndcg_at_10", "cold_recall_at_k", "coverage_at_k"}
+        "recall_at_k",
+        "ndcg_at_10",
+        "cold_recall_at_k",
+        "coverage_at_k",
+    }
     fused = {metric: value for method, metric, value in rows if method == "fused"}
     assert published.record.recall_at_k == pytest.approx(fused["recall_at_k"])
     assert published.record.ranker_kind in ("lightgbm", "mlp")
@@ -56,7 +63,8 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
 
 
 def test_fused_candidates_below_popularity_fail_the_run_and_publish_nothing(
-        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = demo_inputs(tmp_path / "in", items=300, users=80, seed=4)
     first = run(folder, "2026-11-29")
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN", "1.0")  # no fused list beats popularity by 1.0
@@ -77,5 +85,5 @@ def test_cold_recall_under_its_floor_fails_the_run(tiny: Path, tmp_path: Path, m
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_MIN_COLD_RECALL", "1.0")
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_SOURCES", '["cooccurrence", "trending"]')  # nothing reaches a new item
     folder = demo_inputs(tmp_path / "in", items=300, users=80, seed=6)
-    with pytest.raises(ContractViolation, match="cold-item recall@K 0.0000 is below the minimum 1.0000"):
+    with pytest.raises(ContractViolation, match=r"cold-item recall@K 0\.0000 is below the minimum 1\.0000"):
         run(folder, "2026-11-30")

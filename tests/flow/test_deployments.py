@@ -49,8 +49,15 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """Return the environment of a nightscore command: tiny encoder, small shards, its own home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "PREFECT_API"))}
     # Callbacks go to a recorder on 127.0.0.1: a loopback address the default settings refuse.
-    env.update(NIGHTSCORE_HOME=str(home), NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="100", NIGHTSCORE_TOP_K="20",
-               NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin", NIGHTSCORE_CALLBACK_ALLOW_PRIVATE="true", **extra)
+    env.update(
+        NIGHTSCORE_HOME=str(home),
+        NIGHTSCORE_ENCODER="tiny",
+        NIGHTSCORE_SHARD_SIZE="100",
+        NIGHTSCORE_TOP_K="20",
+        NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin",
+        NIGHTSCORE_CALLBACK_ALLOW_PRIVATE="true",
+        **extra,
+    )
     return env
 
 
@@ -129,8 +136,11 @@ def seconds_to_running(api: str, flow_run_id: str) -> float:
 @contextmanager
 def holding_gpu_slot(api: str) -> Iterator[None]:
     """Hold the stack's one gpu concurrency slot through the REST API (as a competing run would) while the block runs."""
-    taken = httpx.post(f"{api}/v2/concurrency_limits/increment-with-lease",
-                       json={"names": ["gpu"], "slots": 1, "mode": "concurrency", "lease_duration": 600}, timeout=10)
+    taken = httpx.post(
+        f"{api}/v2/concurrency_limits/increment-with-lease",
+        json={"names": ["gpu"], "slots": 1, "mode": "concurrency", "lease_duration": 600},
+        timeout=10,
+    )
     assert taken.status_code == 200, taken.text
     try:
         yield
@@ -141,8 +151,10 @@ def holding_gpu_slot(api: str) -> Iterator[None]:
 def run_logs(api: str, flow_run_id: str) -> list[tuple[datetime, str]]:
     """Return (timestamp, message) of a flow run's logs from the API."""
     body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
-    return [(datetime.fromisoformat(log["timestamp"].replace("Z", "+00:00")), log["message"])
-            for log in httpx.post(f"{api}/logs/filter", json=body, timeout=10).json()]
+    return [
+        (datetime.fromisoformat(log["timestamp"].replace("Z", "+00:00")), log["message"])
+        for log in httpx.post(f"{api}/logs/filter", json=body, timeout=10).json()
+    ]
 
 
 def wait_for_log(api: str, flow_run_id: str, text: str, timeout_s: float = 180) -> None:
@@ -183,10 +195,17 @@ def test_up_registers_deployments_queues_schedule_and_gpu_limit(stack: dict[str,
 def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stack: dict[str, Any], inputs: Path) -> None:
     api, callbacks = stack["api_url"], Callbacks()
     target = deployment(api, "on-demand")["id"]
-    body = {"parameters": {"params": {"items_uri": str(inputs / "items.parquet"),
-                                      "interactions_uri": str(inputs / "interactions.parquet"),
-                                      "run_date": "2026-11-30", "callback_url": callbacks.url}},
-            "idempotency_key": "test-rest-1"}
+    body = {
+        "parameters": {
+            "params": {
+                "items_uri": str(inputs / "items.parquet"),
+                "interactions_uri": str(inputs / "interactions.parquet"),
+                "run_date": "2026-11-30",
+                "callback_url": callbacks.url,
+            }
+        },
+        "idempotency_key": "test-rest-1",
+    }
     with holding_gpu_slot(api):  # another "run" holds the one gpu slot: this run must wait for it, visibly
         first = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
         again = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
@@ -200,14 +219,17 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
     assert held and min(held) >= released  # no shard encoded while the slot was taken
     assert run["state_type"] == "COMPLETED", run["state"]["message"]
     print(f"trigger-to-running latency: {seconds_to_running(api, run['id']):.1f} s")
-    rows = warehouse_rows(stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?",
-                          [run["id"]])
+    rows = warehouse_rows(
+        stack["home_path"], "SELECT run_id, status, rows_scored FROM scoring_runs WHERE flow_run_id = ?", [run["id"]]
+    )
     assert rows and rows[0][1:] == ("published", 300)
-    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?",
-                          [rows[0][0]]) == [(300,)]
+    assert warehouse_rows(stack["home_path"], "SELECT count(*) FROM latest_item_scores WHERE run_id = ?", [rows[0][0]]) == [
+        (300,)
+    ]
 
-    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}},
-                           timeout=10).json()
+    artifacts = httpx.post(
+        f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}, timeout=10
+    ).json()
     by_key = {a["key"]: a for a in artifacts}
     assert {"on-demand-summary", "on-demand-stage-timings", "on-demand-encode-progress"} <= set(by_key)
     summary = by_key["on-demand-summary"]["data"]
@@ -222,8 +244,11 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
 def test_parameter_schema_is_enforced(stack: dict[str, Any]) -> None:
     api = stack["api_url"]
     target = deployment(api, "backfill")["id"]
-    refused = httpx.post(f"{api}/deployments/{target}/create_flow_run",
-                         json={"parameters": {"params": {"start_date": "2026-11-01", "colour": "blue"}}}, timeout=10)
+    refused = httpx.post(
+        f"{api}/deployments/{target}/create_flow_run",
+        json={"parameters": {"params": {"start_date": "2026-11-01", "colour": "blue"}}},
+        timeout=10,
+    )
     assert refused.status_code in (409, 422), refused.text
     assert "end_date" in refused.text or "colour" in refused.text
 
@@ -235,8 +260,17 @@ def test_cli_trigger_item_ids_wait_and_status(stack: dict[str, Any], inputs: Pat
     edited = items.head(40).with_columns((pl.col("body") + " Updated today with new details.").alias("body"))
     edited.write_parquet(tmp_path / "edited.parquet")
     ids = edited["item_id"].cast(pl.String).to_list()
-    args = ["trigger", "on-demand", "--items", str(tmp_path / "edited.parquet"), "--interactions",
-            str(inputs / "interactions.parquet"), "--run-date", "2026-11-29", *[a for i in ids for a in ("--item-id", i)]]
+    args = [
+        "trigger",
+        "on-demand",
+        "--items",
+        str(tmp_path / "edited.parquet"),
+        "--interactions",
+        str(inputs / "interactions.parquet"),
+        "--run-date",
+        "2026-11-29",
+        *[a for i in ids for a in ("--item-id", i)],
+    ]
     done = nightscore(*args, "--wait", env=stack["env"], timeout=RUN_TIMEOUT_S + 60)
     assert done.returncode == 0, done.stderr[-3000:]
     flow_run_id, final = done.stdout.split()[:2]
@@ -257,8 +291,16 @@ def test_ui_deployments_page_shows_nightly(stack: dict[str, Any]) -> None:
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (scripts/bootstrap.sh installs it when it can)")
     ARTIFACTS.mkdir(exist_ok=True)
-    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-dev-shm-usage", "--window-size=1400,900", "--virtual-time-budget=20000"]
+    flags = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+        "--virtual-time-budget=20000",
+    ]
     page = f"{stack['ui_url']}/deployments"
     dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
     assert "nightly" in dom and "Can't connect to Server API" not in dom

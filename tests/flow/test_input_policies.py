@@ -43,26 +43,37 @@ def catalogue(folder: Path) -> tuple[Path, pl.DataFrame]:
 
 
 def test_a_catalogue_with_replacement_characters_bad_bytes_and_repeated_ids(
-        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NIGHTSCORE_DUPLICATE_ID_POLICY", "keep_latest")
     monkeypatch.setenv("NIGHTSCORE_MAX_SEQ_LENGTH", "16")  # most demo texts are longer: truncation to report
     folder, items = catalogue(tmp_path / "in")
-    published = nightly(NightlyParams(items_uri=str(folder / "items.parquet"),
-                                      interactions_uri=str(folder / "interactions.parquet"), run_date="2026-11-30"))
+    published = nightly(
+        NightlyParams(
+            items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"), run_date="2026-11-30"
+        )
+    )
 
     warehouse = warehouse_for(load_settings())
     rules = dict(warehouse.query("SELECT rule, count(*) FROM quarantine WHERE dataset = 'items' GROUP BY rule").rows)
     assert rules == {"text:valid_utf8": 1, "item_id:duplicate_not_kept": 2}
     assert published.record.rows_scored == 197
-    scored = dict(warehouse.query("SELECT item_id, content_hash FROM latest_item_scores WHERE item_id IN (?, ?)",
-                                  [items["item_id"][5], items["item_id"][20]]).rows)
+    scored = dict(
+        warehouse.query(
+            "SELECT item_id, content_hash FROM latest_item_scores WHERE item_id IN (?, ?)",
+            [items["item_id"][5], items["item_id"][20]],
+        ).rows
+    )
     kept = f"{items['title'][30]}\n{items['body'][30]}"
     assert scored[items["item_id"][20]] == hashlib.sha256(kept.encode()).hexdigest()  # the latest version won
     assert items["item_id"][5] in scored  # a valid U+FFFD is scored, not quarantined
 
     with get_client(sync_client=True) as client:
-        [summary] = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["nightly-summary"])),
-                                          sort=ArtifactSort.CREATED_DESC, limit=1)
+        [summary] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["nightly-summary"])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
     text = str(summary.data)
     assert "| items | `item_id:duplicate_not_kept` | 2 |" in text and "| items | `text:valid_utf8` | 1 |" in text
     truncated = published.record.truncated_texts

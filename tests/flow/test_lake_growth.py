@@ -29,8 +29,11 @@ from tests.helpers import demo_inputs
 
 def run(folder: Path, run_date: str) -> str:
     """Run the nightly flow on the inputs in folder; return the run id."""
-    return nightly(NightlyParams(items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"),
-                                 run_date=run_date)).run_id
+    return nightly(
+        NightlyParams(
+            items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"), run_date=run_date
+        )
+    ).run_id
 
 
 def folder_bytes(path: Path) -> int:
@@ -41,8 +44,9 @@ def folder_bytes(path: Path) -> int:
 def latest_artifact(key: str) -> str:
     """Return the data of the newest artifact with this key."""
     with get_client(sync_client=True) as client:
-        [artifact] = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                                           sort=ArtifactSort.CREATED_DESC, limit=1)
+        [artifact] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+        )
     return str(artifact.data)
 
 
@@ -60,7 +64,8 @@ def lake_over_http(tiny: Path) -> str:
 
 
 def test_data_docs_assets_are_kept_once_and_the_summary_links_work_over_http(
-        tiny: Path, tmp_path: Path, lake_over_http: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Path, tmp_path: Path, lake_over_http: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=2)
     first = run(folder, "2026-11-29")
     monkeypatch.setenv("NIGHTSCORE_DATA_DOCS_BASE_URL", lake_over_http)
@@ -89,7 +94,8 @@ def test_data_docs_assets_are_kept_once_and_the_summary_links_work_over_http(
 
 
 def test_prune_removes_the_lake_folders_of_pruned_and_superseded_runs(
-        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = demo_inputs(tmp_path / "in", items=120, users=30, seed=3)
     old = [run(good, day) for day in ("2026-11-27", "2026-11-28")]
     bad = tmp_path / "bad"
@@ -104,8 +110,10 @@ def test_prune_removes_the_lake_folders_of_pruned_and_superseded_runs(
     runs = dict(warehouse_for(load_settings()).query("SELECT run_id, status FROM scoring_runs").rows)
     [failed] = [run_id for run_id, status in runs.items() if status == "failed"]
     lake = Path(load_settings().lake_root)
-    folders = {run_id: lake / "runs" / day / run_id for run_id, day in
-               ((old[0], "2026-11-27"), (old[1], "2026-11-28"), (failed, "2026-11-30"), (latest, "2026-11-30"))}
+    folders = {
+        run_id: lake / "runs" / day / run_id
+        for run_id, day in ((old[0], "2026-11-27"), (old[1], "2026-11-28"), (failed, "2026-11-30"), (latest, "2026-11-30"))
+    }
     assert all(path.is_dir() for path in folders.values())
     capsys.readouterr()
 

@@ -31,9 +31,25 @@ def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subpro
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
     child.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
-    return subprocess.Popen([CLI, "run", "nightly", "--items", str(inputs / "items.parquet"), "--interactions",
-                             str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
-                            env=child, stdout=log, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            CLI,
+            "run",
+            "nightly",
+            "--items",
+            str(inputs / "items.parquet"),
+            "--interactions",
+            str(inputs / "interactions.parquet"),
+            "--run-date",
+            RUN_DATE,
+            "--home",
+            str(home),
+        ],
+        env=child,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def output(home: Path, name: str) -> str:
@@ -48,7 +64,8 @@ def runs(home: Path) -> list[tuple[str, str]]:
 
 
 def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_ended(
-        tmp_path: Path, inputs: Path, prefect_api: str) -> None:
+    tmp_path: Path, inputs: Path, prefect_api: str
+) -> None:
     home = tmp_path / "home"
     first = attempt(home, inputs, prefect_api, "first", NIGHTSCORE_FAULT_PAUSE_AT="shard:1")
     wait_for((home / "faults" / "shard-1.reached").exists, 180, first, "first attempt paused mid-encode")

@@ -26,8 +26,9 @@ from tests.storage.test_warehouse import hold_write_lock
 
 def params(folder: Path, run_date: str) -> NightlyParams:
     """Return nightly parameters on demo inputs in folder."""
-    return NightlyParams(items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"),
-                         run_date=run_date)
+    return NightlyParams(
+        items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"), run_date=run_date
+    )
 
 
 LOOKUPS = {
@@ -40,7 +41,8 @@ LOOKUPS = {
 
 
 def test_a_held_lock_fails_every_previous_run_lookup_and_the_run_clearly(
-        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=3)
     first = nightly(params(folder, "2026-11-29"))
     monkeypatch.setenv("NIGHTSCORE_WAREHOUSE_LOCK_TIMEOUT_S", "2")

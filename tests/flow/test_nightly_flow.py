@@ -60,7 +60,8 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
     item_ids = entry.item_ids
     assert run_id == summary.run_id and len(item_ids) == 20 and entry.features.shape[0] == 20
     published = warehouse_for(load_settings()).query(
-        "select item_id from latest_user_candidates where user_id = ? order by rank", [interactions["user_id"][0]])
+        "select item_id from latest_user_candidates where user_id = ? order by rank", [interactions["user_id"][0]]
+    )
     assert [r[0] for r in published.rows] == item_ids
 
 
@@ -83,14 +84,19 @@ def test_bad_rows_are_quarantined_and_the_rest_scored(tiny: Path, tmp_path: Path
 
 def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_path: Path) -> None:
     items, interactions = generate_demo_data(200, 40, seed=5)
-    good = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "good", items, interactions)[0],
-                   interactions_uri=str(tmp_path / "good" / "interactions.parquet"))
+    good = nightly(
+        run_date=RUN_DATE,
+        items_uri=write_inputs(tmp_path / "good", items, interactions)[0],
+        interactions_uri=str(tmp_path / "good" / "interactions.parquet"),
+    )
     cache = cache_for(load_settings())
     user = interactions["user_id"][0]
     before = cache.read(user)
 
-    broken = items.with_columns(pl.when(pl.int_range(pl.len()) % 5 == 0).then(pl.lit("")).otherwise(pl.col("body")).alias("body"),
-                                pl.lit(None, dtype=pl.String).alias("title"))
+    broken = items.with_columns(
+        pl.when(pl.int_range(pl.len()) % 5 == 0).then(pl.lit("")).otherwise(pl.col("body")).alias("body"),
+        pl.lit(None, dtype=pl.String).alias("title"),
+    )
     bad_items, bad_inter = write_inputs(tmp_path / "bad", broken, interactions)
     with pytest.raises(ContractViolation, match="items: 40 of 200 rows quarantined"):
         nightly(run_date="2026-12-01", items_uri=bad_items, interactions_uri=bad_inter)
@@ -98,7 +104,13 @@ def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_pa
     assert scalar("select run_id from latest_run") == good.run_id
     assert scalar("select count(*) from item_scores") == 200
     assert scalar("select status from scoring_runs where run_date = date '2026-12-01'") == "failed"
-    assert scalar("select count(*) from quarantine q join scoring_runs r using (run_id) where r.status = 'failed' and q.dataset = 'items'") == 40
+    assert (
+        scalar(
+            "select count(*) from quarantine q join scoring_runs r using (run_id) "
+            "where r.status = 'failed' and q.dataset = 'items'"
+        )
+        == 40
+    )
     assert cache.read(user) == before and cache.current() == good.run_id
 
 
@@ -109,7 +121,7 @@ def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) 
         nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
     Path(inter_uri).write_bytes(Path(inter_uri).read_bytes()[:100])
     items_uri, _ = write_inputs(tmp_path / "in2", items, interactions)
-    with pytest.raises(InputUnreadable, match="interactions file .*: not a readable Parquet file"):
+    with pytest.raises(InputUnreadable, match=r"interactions file .*: not a readable Parquet file"):
         nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
 
 
@@ -136,16 +148,20 @@ def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path
     first = nightly(run_date="2026-11-29", items_uri=items_uri, interactions_uri=inter_uri)
     second = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
     lake = Path(load_settings().lake_root)
-    hive = duckdb.sql(f"select run_date, count(*) from read_parquet('{lake}/outputs/item_scores/*/*.parquet', "
-                      "hive_partitioning = true) group by all order by 1").fetchall()
+    hive = duckdb.sql(
+        f"select run_date, count(*) from read_parquet('{lake}/outputs/item_scores/*/*.parquet', "
+        "hive_partitioning = true) group by all order by 1"
+    ).fetchall()
     assert [(str(d), n) for d, n in hive] == [("2026-11-29", 200), (RUN_DATE, 200)]
 
     cache = cache_for(load_settings())
     assert rollback(warehouse_for(load_settings()), cache) == (second.run_id, first.run_id)
     assert scalar("select run_id from latest_run") == first.run_id and cache.current() == first.run_id
 
-    drifted = items.with_columns(pl.lit("football match").alias("title"),
-                                 pl.lit("the striker scored a goal in the league match at the stadium").alias("body"))
+    drifted = items.with_columns(
+        pl.lit("football match").alias("title"),
+        pl.lit("the striker scored a goal in the league match at the stadium").alias("body"),
+    )
     drift_items, _ = write_inputs(tmp_path / "drift", drifted, interactions)
     # the tiny random encoder puts ~92% of these texts in one topic already: every item there moves its share by 0.08
     monkeypatch.setenv("NIGHTSCORE_TOPIC_SHARE_TOLERANCE", "0.05")
@@ -163,8 +179,11 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     from serving.config import serving_config
 
     items, interactions = generate_demo_data(300, 60, seed=9)
-    published = nightly(run_date=RUN_DATE, items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
-                        interactions_uri=str(tmp_path / "in" / "interactions.parquet"))
+    published = nightly(
+        run_date=RUN_DATE,
+        items_uri=write_inputs(tmp_path / "in", items, interactions)[0],
+        interactions_uri=str(tmp_path / "in" / "interactions.parquet"),
+    )
     trained = train_ranker(TrainRankerParams())
     assert 0.0 <= trained.metrics["ranked.ndcg_at_10"] <= 1.0 and trained.trained_on == published.run_id
     cfg = load_settings()
@@ -173,7 +192,8 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
         body = client.get(f"/v1/users/{user}/recommendations", params={"n": 5}).json()
         assert body["run_id"] == published.run_id and body["model_version"] == trained.version
         assert not body["fallback"] and len(body["items"]) == 5
-        candidates = {r[0] for r in warehouse_for(cfg).query(
-            "select item_id from latest_user_candidates where user_id = ?", [user]).rows}
+        candidates = {
+            r[0] for r in warehouse_for(cfg).query("select item_id from latest_user_candidates where user_id = ?", [user]).rows
+        }
         assert {item["item_id"] for item in body["items"]} <= candidates
         assert client.get("/v1/users/nobody/recommendations").json()["fallback"] == "popular"

@@ -28,8 +28,11 @@ DAYS = ("2026-11-28", "2026-11-29", "2026-11-30")
 
 def run(folder: Path, run_date: str) -> Published:
     """Run the nightly flow on the demo inputs in folder for run_date."""
-    return nightly(NightlyParams(items_uri=str(folder / "items.parquet"),
-                                 interactions_uri=str(folder / "interactions.parquet"), run_date=run_date))
+    return nightly(
+        NightlyParams(
+            items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"), run_date=run_date
+        )
+    )
 
 
 def state() -> dict[str, object]:
@@ -48,8 +51,13 @@ def state() -> dict[str, object]:
     written = list(Path(lake.root, "outputs", "item_scores").glob("*/*.parquet"))
     sql = f"SELECT run_date::varchar, min(run_id) FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY 1"
     partitions = dict(duckdb.sql(sql).fetchall()) if written else {}
-    return {"latest": latest.run_id if latest else None, "pointers": pointers, "rows": rows, "candidates": candidates,
-            "partitions": partitions}
+    return {
+        "latest": latest.run_id if latest else None,
+        "pointers": pointers,
+        "rows": rows,
+        "candidates": candidates,
+        "partitions": partitions,
+    }
 
 
 def block_serving_features() -> Path:
@@ -65,7 +73,8 @@ def block_serving_features() -> Path:
 @pytest.mark.parametrize("setup", ["first", "previous", "same-date"])
 @pytest.mark.parametrize("point", ["publish:before-commit", "publish:partitions", "serving-features"])
 def test_every_failure_point_leaves_warehouse_cache_and_lake_agreeing(
-        point: str, setup: str, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    point: str, setup: str, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=5)
     earlier = [run(folder, day) for day in DAYS[:2]] if setup != "first" else []
     if setup == "same-date":
@@ -76,7 +85,7 @@ def test_every_failure_point_leaves_warehouse_cache_and_lake_agreeing(
     else:
         monkeypatch.setenv("NIGHTSCORE_FAULT_FAIL_AT", point)
 
-    with pytest.raises(Exception):  # noqa: B017 - an injected OSError or the features step's own error
+    with pytest.raises(Exception):
         run(folder, DAYS[1] if setup == "same-date" else DAYS[2])
 
     after = state()

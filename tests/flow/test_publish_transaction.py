@@ -20,8 +20,9 @@ def inputs(folder: Path, seed: int, run_date: str) -> NightlyParams:
     folder.mkdir(parents=True)
     items.write_parquet(folder / "items.parquet")
     interactions.write_parquet(folder / "interactions.parquet")
-    return NightlyParams(items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"),
-                         run_date=run_date)
+    return NightlyParams(
+        items_uri=str(folder / "items.parquet"), interactions_uri=str(folder / "interactions.parquet"), run_date=run_date
+    )
 
 
 def test_partition_failure_after_the_commit_retracts_warehouse_and_cache(tiny: Path, tmp_path: Path) -> None:
@@ -49,7 +50,8 @@ def test_partition_failure_after_the_commit_retracts_warehouse_and_cache(tiny: P
 
 
 def test_a_failing_step_after_publish_rolls_back_the_publication_through_its_hook(
-        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = nightly(inputs(tmp_path / "a", 1, "2026-11-29"))
     serving = Path(load_settings().lake_root) / "serving"
     serving.rename(serving.with_name("serving-before"))

@@ -38,12 +38,33 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
     """Run `nightscore run nightly` on the inputs with extra NIGHTSCORE_* variables; return its output."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "RAY_"))}
-    base.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20",
-                RAY_DEDUP_LOGS="0", **env)
+    base.update(
+        PREFECT_API_URL=api,
+        NIGHTSCORE_ENCODER="tiny",
+        NIGHTSCORE_SHARD_SIZE="40",
+        NIGHTSCORE_TOP_K="20",
+        RAY_DEDUP_LOGS="0",
+        **env,
+    )
     done = subprocess.run(
-        [CLI, "run", "nightly", "--items", str(inputs / "items.parquet"), "--interactions",
-         str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
-        env=base, capture_output=True, text=True, timeout=300)
+        [
+            CLI,
+            "run",
+            "nightly",
+            "--items",
+            str(inputs / "items.parquet"),
+            "--interactions",
+            str(inputs / "interactions.parquet"),
+            "--run-date",
+            RUN_DATE,
+            "--home",
+            str(home),
+        ],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return done.stdout + done.stderr
 
@@ -52,8 +73,9 @@ def published(home: Path) -> dict[str, list[tuple]]:
     """Return the published item_scores (embeddings included) and user_candidates of a home."""
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
     try:
-        scores = con.execute("select item_id, topic, topic_score, token_count, content_hash, embedding "
-                             "from latest_item_scores order by item_id").fetchall()
+        scores = con.execute(
+            "select item_id, topic, topic_score, token_count, content_hash, embedding from latest_item_scores order by item_id"
+        ).fetchall()
         cands = con.execute("select user_id, rank, item_id, score from latest_user_candidates order by user_id, rank").fetchall()
     finally:
         con.close()

@@ -43,9 +43,24 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, item
         env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
-        [CLI, "run", "nightly", "--items", str(items or inputs / "items.parquet"), "--interactions",
-         str(inputs / "interactions.parquet"), "--run-date", RUN_DATE, "--home", str(home)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        [
+            CLI,
+            "run",
+            "nightly",
+            "--items",
+            str(items or inputs / "items.parquet"),
+            "--interactions",
+            str(inputs / "interactions.parquet"),
+            "--run-date",
+            RUN_DATE,
+            "--home",
+            str(home),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def run_to_end(home: Path, inputs: Path, api: str, items: Path | None = None) -> str:
@@ -67,8 +82,9 @@ def outputs(home: Path) -> dict[str, object]:
     """Return the published outputs of a home: scores, candidates and the cache's current lists."""
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
     try:
-        scores = con.execute("select item_id, topic, topic_score, token_count, content_hash, embedding "
-                             "from latest_item_scores order by item_id").fetchall()
+        scores = con.execute(
+            "select item_id, topic, topic_score, token_count, content_hash, embedding from latest_item_scores order by item_id"
+        ).fetchall()
         cands = con.execute("select user_id, rank, item_id, score from latest_user_candidates order by user_id, rank").fetchall()
         run_id = con.execute("select run_id from latest_run").fetchone()[0]
     finally:
@@ -94,8 +110,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_ap
 
 
 @pytest.mark.parametrize("point", ["ingest", "shard:2", "publish"])
-def test_sigkill_then_rerun_equals_an_uninterrupted_run(point: str, tmp_path: Path, inputs: Path, prefect_api: str,
-                                                        reference: dict[str, object]) -> None:
+def test_sigkill_then_rerun_equals_an_uninterrupted_run(
+    point: str, tmp_path: Path, inputs: Path, prefect_api: str, reference: dict[str, object]
+) -> None:
     home = tmp_path / "home"
     proc = paused(home, inputs, prefect_api, point)
     proc.kill()
@@ -107,8 +124,9 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(point: str, tmp_path: Pa
     assert outputs(home) == reference
 
 
-def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(tmp_path: Path, inputs: Path, prefect_api: str,
-                                                                       reference: dict[str, object]) -> None:
+def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(
+    tmp_path: Path, inputs: Path, prefect_api: str, reference: dict[str, object]
+) -> None:
     home = tmp_path / "home"
     proc = paused(home, inputs, prefect_api, "shard:1")
     started = time.monotonic()
@@ -145,8 +163,11 @@ def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(tmp_pat
     items = pl.read_parquet(inputs / "items.parquet")
     changed = np.random.default_rng(0).choice(items.height, size=15, replace=False)
     edited = items.with_columns(
-        pl.when(pl.int_range(pl.len()).is_in(changed.tolist())).then(pl.col("body") + " edited").otherwise(pl.col("body"))
-        .alias("body"))
+        pl.when(pl.int_range(pl.len()).is_in(changed.tolist()))
+        .then(pl.col("body") + " edited")
+        .otherwise(pl.col("body"))
+        .alias("body")
+    )
     edited_path = tmp_path / "items_edited.parquet"
     edited.write_parquet(edited_path)
     assert summary_counts(run_to_end(home, inputs, prefect_api, items=edited_path)) == (15, 285)

@@ -18,7 +18,9 @@ from tests.servers import s3_bucket, s3_endpoint  # noqa: F401  (fixtures)
 
 RUN_DATE = "2026-11-30"
 NEXT_DATE = "2026-12-01"
-SCORES = "select item_id, model_version, topic, topic_score, token_count, content_hash, embedding from item_scores order by item_id"
+SCORES = (
+    "select item_id, model_version, topic, topic_score, token_count, content_hash, embedding from item_scores order by item_id"
+)
 CANDIDATES = "select user_id, rank, item_id, score from user_candidates order by user_id, rank"
 
 
@@ -36,15 +38,20 @@ def warehouse_frame(sql: str) -> pl.DataFrame:
     return pl.DataFrame(result.rows, schema=result.columns, orient="row")
 
 
-def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, tmp_path: Path,  # noqa: F811
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nightly_on_an_s3_lake_matches_a_local_lake(
+    tiny: Path,
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     items, interactions = generate_demo_data(300, 60, seed=11)
     local_in = tmp_path / "in"
     local_in.mkdir()
     items.write_parquet(local_in / "items.parquet")
     interactions.write_parquet(local_in / "interactions.parquet")
-    local = run_nightly(run_date=RUN_DATE, items_uri=str(local_in / "items.parquet"),
-                        interactions_uri=str(local_in / "interactions.parquet"))
+    local = run_nightly(
+        run_date=RUN_DATE, items_uri=str(local_in / "items.parquet"), interactions_uri=str(local_in / "interactions.parquet")
+    )
     local_scores, local_candidates = warehouse_frame(SCORES), warehouse_frame(CANDIDATES)
 
     s3_home = tmp_path / "home-s3"
@@ -68,8 +75,9 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
     assert hive_scores.select(local_scores.columns[:6]).sort("item_id").equals(local_scores.drop("embedding"))
     assert hive_candidates.select(local_candidates.columns).sort("user_id", "rank").equals(local_candidates)
 
-    docs = json.loads(warehouse_for(load_settings()).query(
-        "select data_docs from scoring_runs where run_id = ?", [remote.run_id]).rows[0][0])
+    docs = json.loads(
+        warehouse_for(load_settings()).query("select data_docs from scoring_runs where run_id = ?", [remote.run_id]).rows[0][0]
+    )
     assert set(docs) == {"items", "interactions", "item_scores", "user_candidates"}
     for index in docs.values():
         assert index.startswith(f"{s3_bucket}/lake/runs/{RUN_DATE}/") and index.endswith("/index.html")
@@ -77,8 +85,11 @@ def test_nightly_on_an_s3_lake_matches_a_local_lake(tiny: Path, s3_bucket: str, 
 
     # the next night on S3: published vectors reused from the S3 run folder, a second partition beside the first
     nxt = run_nightly(run_date=NEXT_DATE, items_uri=items_uri, interactions_uri=inter_uri)
-    reused, computed = warehouse_for(load_settings()).query(
-        "select rows_reused, rows_computed from scoring_runs where run_id = ?", [nxt.run_id]).rows[0]
+    reused, computed = (
+        warehouse_for(load_settings())
+        .query("select rows_reused, rows_computed from scoring_runs where run_id = ?", [nxt.run_id])
+        .rows[0]
+    )
     assert (reused, computed) == (300, 0)
     with duckdb_lake.connect(lake) as con:
         per_date = duckdb_lake.read_partitions(con, lake, "user_candidates").aggregate("run_date, count(*)").order("run_date")

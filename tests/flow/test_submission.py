@@ -30,8 +30,13 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     """Register the work pool (limit 1) and deployments with the module's server; return the API URL and the environment."""
     home = tmp_path_factory.mktemp("submission") / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    env.update(PREFECT_API_URL=prefect_api, NIGHTSCORE_HOME=str(home), NIGHTSCORE_ENCODER="tiny",
-               NIGHTSCORE_WORK_POOL_CONCURRENCY="1", PREFECT_WORKER_QUERY_SECONDS="1")
+    env.update(
+        PREFECT_API_URL=prefect_api,
+        NIGHTSCORE_HOME=str(home),
+        NIGHTSCORE_ENCODER="tiny",
+        NIGHTSCORE_WORK_POOL_CONCURRENCY="1",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+    )
     done = subprocess.run([CLI, "deploy"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return {"api": prefect_api, "env": env, "home": home}
@@ -41,8 +46,13 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
 def worker(deployed: dict[str, Any]) -> Iterator[None]:
     """Run a process worker of the pool while the module's tests need one."""
     log = open(deployed["home"].parent / "worker.log", "w")  # noqa: SIM115 - the worker keeps writing to it
-    proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "nightscore", "--type", "process"], env=deployed["env"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [PREFECT, "worker", "start", "--pool", "nightscore", "--type", "process"],
+        env=deployed["env"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield
     finally:
@@ -54,8 +64,9 @@ def worker(deployed: dict[str, Any]) -> Iterator[None]:
 def create(api: str, name: str, parameters: dict[str, Any], **extra: Any) -> httpx.Response:
     """POST create_flow_run to a deployment by name; return the response."""
     deployment = httpx.get(f"{api}/deployments/name/{name}/{name}", timeout=10).json()
-    return httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": parameters, **extra},
-                      timeout=10)
+    return httpx.post(
+        f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": parameters, **extra}, timeout=10
+    )
 
 
 REFUSED = [
@@ -83,9 +94,11 @@ def test_the_server_refuses_bad_parameters_at_submission(deployed: dict[str, Any
 
 def test_the_server_accepts_good_parameters(deployed: dict[str, Any]) -> None:
     api = deployed["api"]
-    for name, parameters in [("nightly", {}), ("nightly", {"params": {"run_date": "2026-11-30"}}),
-                             ("on-demand", {"params": {"callback_url": "https://hooks.example.com/scoring-done",
-                                                       "item_ids": ["7"]}})]:
+    for name, parameters in [
+        ("nightly", {}),
+        ("nightly", {"params": {"run_date": "2026-11-30"}}),
+        ("on-demand", {"params": {"callback_url": "https://hooks.example.com/scoring-done", "item_ids": ["7"]}}),
+    ]:
         created = create(api, name, parameters)
         assert created.status_code == 201, created.text
         httpx.delete(f"{api}/flow_runs/{created.json()['id']}", timeout=10)  # no worker must run them
@@ -115,11 +128,14 @@ class Recorder:
 
 
 def test_a_run_that_bypasses_the_schema_fails_cleanly_and_never_calls_an_internal_address(
-        deployed: dict[str, Any], worker: None) -> None:
+    deployed: dict[str, Any], worker: None
+) -> None:
     api, recorder = deployed["api"], Recorder()
     bypass = {"enforce_parameter_schema": False}  # what a client that switches enforcement off can still send
-    runs = [create(api, "on-demand", {"params": {"item_ids": []}}, **bypass),
-            create(api, "on-demand", {"params": {"callback_url": recorder.url}}, **bypass)]
+    runs = [
+        create(api, "on-demand", {"params": {"item_ids": []}}, **bypass),
+        create(api, "on-demand", {"params": {"callback_url": recorder.url}}, **bypass),
+    ]
     for created in runs:
         assert created.status_code == 201, created.text
         final = wait_final(api, created.json()["id"])
@@ -165,7 +181,8 @@ def test_cli_failures_are_one_line_with_the_right_exit_code(deployed: dict[str, 
 
 
 def test_cli_trigger_says_when_it_returns_an_existing_run_and_new_files_make_a_new_one(
-        deployed: dict[str, Any], tmp_path: Path) -> None:
+    deployed: dict[str, Any], tmp_path: Path
+) -> None:
     env = deployed["env"]
     items, interactions = tmp_path / "items.parquet", tmp_path / "interactions.parquet"
     items.write_bytes(b"PAR1 not read by the trigger")

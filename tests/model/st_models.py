@@ -34,7 +34,7 @@ ARCHS = [
 ]
 
 
-def _config(arch: Arch):  # noqa: ANN202 - a transformers PretrainedConfig
+def _config(arch: Arch):
     import transformers
 
     cls = getattr(transformers, arch.config)
@@ -42,8 +42,14 @@ def _config(arch: Arch):  # noqa: ANN202 - a transformers PretrainedConfig
     if arch.config == "DistilBertConfig":
         return cls(dim=arch.width, n_layers=2, n_heads=4, hidden_dim=arch.width * 2, max_position_embeddings=512, **common)
     positions = 514 if arch.config in ("RobertaConfig", "MPNetConfig") else 512
-    return cls(hidden_size=arch.width, num_hidden_layers=2, num_attention_heads=4, intermediate_size=arch.width * 2,
-               max_position_embeddings=positions, **common)
+    return cls(
+        hidden_size=arch.width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=arch.width * 2,
+        max_position_embeddings=positions,
+        **common,
+    )
 
 
 def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
@@ -61,16 +67,25 @@ def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         shutil.copy(model_dir() / name, path / name)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
     if arch.normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (path / "2_Normalize").mkdir(exist_ok=True)
     (path / "modules.json").write_text(json.dumps(modules))
     (path / "1_Pooling").mkdir(exist_ok=True)
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": arch.width, "pooling_mode_cls_token": arch.pooling == "cls",
-        "pooling_mode_mean_tokens": arch.pooling == "mean", "pooling_mode_max_tokens": arch.pooling == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False}))
+    (path / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": arch.width,
+                "pooling_mode_cls_token": arch.pooling == "cls",
+                "pooling_mode_mean_tokens": arch.pooling == "mean",
+                "pooling_mode_max_tokens": arch.pooling == "max",
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    )
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": arch.max_seq_length, "do_lower_case": False}))
     return path

@@ -23,9 +23,16 @@ from tests.helpers import cos_rows
 from tests.model.st_models import ARCHS, Arch, save_random_model
 
 TEXTS = [
-    "a", "ok", "?", "", "Hello world", "The striker scored twice in the second half to win the cup final.",
-    "Simmer the tomatoes with garlic and basil for twenty minutes.", "42 1337 3.14159 2024-01-31",
-    "¿Dónde está la biblioteca? Ünïcödé — ok 🙂", "東京は日本の首都です。",
+    "a",
+    "ok",
+    "?",
+    "",
+    "Hello world",
+    "The striker scored twice in the second half to win the cup final.",
+    "Simmer the tomatoes with garlic and basil for twenty minutes.",
+    "42 1337 3.14159 2024-01-31",
+    "¿Dónde está la biblioteca? Ünïcödé — ok 🙂",
+    "東京は日本の首都です。",
     "The central bank raised interest rates by a quarter point on Wednesday after markets had priced it in.",
     " ".join(["river mountain engine coffee signal harvest window planet violin ledger"] * 30),  # past max length
     "goal " * 40,
@@ -58,19 +65,25 @@ def _skip_unless_runs(backend: str, precision: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS, ids=[a.name for a in ARCHS])
 def test_model_info_from_the_folder(folders: dict[str, Path], arch: Arch) -> None:
     info = read_model_info(folders[arch.name], max_seq_length=256)
-    assert (info.dim, info.pooling, info.normalize, info.max_seq_length) == (arch.width, arch.pooling, arch.normalize,
-                                                                              arch.max_seq_length)
+    assert (info.dim, info.pooling, info.normalize, info.max_seq_length) == (
+        arch.width,
+        arch.pooling,
+        arch.normalize,
+        arch.max_seq_length,
+    )
     assert info.version == f"{arch.name}@{info.digest}" and len(info.digest) == 12
     assert embedding_dim(EncoderSpec(model_path=str(folders[arch.name]))) == arch.width
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS, ids=[a.name for a in ARCHS])
-def test_fp32_matches_sentence_transformers(folders: dict[str, Path], st_reference: dict[str, np.ndarray],
-                                            arch: Arch, backend: str, tmp_path: Path) -> None:
+def test_fp32_matches_sentence_transformers(
+    folders: dict[str, Path], st_reference: dict[str, np.ndarray], arch: Arch, backend: str, tmp_path: Path
+) -> None:
     _skip_unless_runs(backend, "fp32")
-    encoder = load_encoder(EncoderSpec(device="cpu", precision="fp32", backend=backend, model_path=str(folders[arch.name]),
-                                       cache_dir=str(tmp_path)))
+    encoder = load_encoder(
+        EncoderSpec(device="cpu", precision="fp32", backend=backend, model_path=str(folders[arch.name]), cache_dir=str(tmp_path))
+    )
     reference = st_reference[arch.name]
     for budget in (64, 100_000):  # many small batches, and one padded batch
         out, stats = encode_texts(encoder, TEXTS, token_budget=budget)
@@ -87,11 +100,13 @@ def test_fp32_matches_sentence_transformers(folders: dict[str, Path], st_referen
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS[:2], ids=[a.name for a in ARCHS[:2]])
-def test_reduced_precision_meets_its_floor_or_is_refused(folders: dict[str, Path], st_reference: dict[str, np.ndarray],
-                                                         arch: Arch, backend: str, precision: str, tmp_path: Path) -> None:
+def test_reduced_precision_meets_its_floor_or_is_refused(
+    folders: dict[str, Path], st_reference: dict[str, np.ndarray], arch: Arch, backend: str, precision: str, tmp_path: Path
+) -> None:
     _skip_unless_runs(backend, precision)
-    spec = EncoderSpec(device="cpu", precision=precision, backend=backend, model_path=str(folders[arch.name]),
-                       cache_dir=str(tmp_path))
+    spec = EncoderSpec(
+        device="cpu", precision=precision, backend=backend, model_path=str(folders[arch.name]), cache_dir=str(tmp_path)
+    )
     floor = spec.int8_floor if precision == "int8" else spec.float_floor
     try:
         encoder = load_encoder(spec)
@@ -107,15 +122,19 @@ def test_reduced_precision_meets_its_floor_or_is_refused(folders: dict[str, Path
 
 def test_a_pinned_mode_under_its_floor_is_refused_naming_floor_and_cosine(folders: dict[str, Path]) -> None:
     _skip_unless_runs("torch", "bf16")
-    spec = EncoderSpec(device="cpu", precision="bf16", backend="torch", model_path=str(folders["bert-mean"]),
-                       float_floor=0.99999999)
-    with pytest.raises(FidelityRefused, match=r"torch/bf16 refused: min cosine to torch fp32 is [01]\.\d{6} .* floor 0\.99999999"):
+    spec = EncoderSpec(
+        device="cpu", precision="bf16", backend="torch", model_path=str(folders["bert-mean"]), float_floor=0.99999999
+    )
+    with pytest.raises(
+        FidelityRefused, match=r"torch/bf16 refused: min cosine to torch fp32 is [01]\.\d{6} .* floor 0\.99999999"
+    ):
         load_encoder(spec)
 
 
 def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Path], tmp_path: Path) -> None:
-    spec = EncoderSpec(device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path),
-                       calibration_budgets=(256, 1024))
+    spec = EncoderSpec(
+        device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path), calibration_budgets=(256, 1024)
+    )
     first = load_encoder(spec)
     record = first.mode_record()
     assert record["calibration_from_cache"] is False
@@ -136,8 +155,15 @@ def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Pa
     assert (again.mode, again.version) == (first.mode, first.version)
     assert spec_version(spec) == first.version
     # Another floor is another question: the stored answer is not reused.
-    stricter = load_encoder(EncoderSpec(device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path),
-                                        calibration_budgets=(256, 1024), int8_floor=0.9999999))
+    stricter = load_encoder(
+        EncoderSpec(
+            device="cpu",
+            model_path=str(folders["bert-mean"]),
+            cache_dir=str(tmp_path),
+            calibration_budgets=(256, 1024),
+            int8_floor=0.9999999,
+        )
+    )
     assert stricter.mode_record()["calibration_from_cache"] is False
     assert stricter.backend.precision != "int8"
 
@@ -151,8 +177,9 @@ def test_auto_without_a_cache_folder_keeps_the_fixed_default(folders: dict[str, 
 
 def test_openvino_conversion_is_cached_by_digest_backend_and_precision(folders: dict[str, Path], tmp_path: Path) -> None:
     _skip_unless_runs("openvino", "fp32")
-    spec = EncoderSpec(device="cpu", precision="fp32", backend="openvino", model_path=str(folders["bert-mean"]),
-                       cache_dir=str(tmp_path))
+    spec = EncoderSpec(
+        device="cpu", precision="fp32", backend="openvino", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path)
+    )
     first = load_encoder(spec)
     xmls = list((tmp_path / "converted").glob("*/*/model.xml"))
     assert len(xmls) == 1 and xmls[0].parent.parent.name == first.info.digest
@@ -184,12 +211,17 @@ def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_p
 def test_resolve_spec_pins_autos_choice_for_shard_workers(folders: dict[str, Path], tmp_path: Path) -> None:
     from models.encoder import resolve_spec
 
-    spec = EncoderSpec(device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path),
-                       calibration_budgets=(256, 1024))
+    spec = EncoderSpec(
+        device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path), calibration_budgets=(256, 1024)
+    )
     chosen = load_encoder(spec)
     pinned = resolve_spec(spec)
     assert (pinned.backend, pinned.precision, pinned.token_budget, pinned.length_multiple) == (
-        chosen.backend.name, chosen.backend.precision, chosen.token_budget, chosen.backend.length_multiple)
+        chosen.backend.name,
+        chosen.backend.precision,
+        chosen.token_budget,
+        chosen.backend.length_multiple,
+    )
     # A worker with another (empty) cache folder loads the same mode and version, and does not calibrate.
     worker = load_encoder(EncoderSpec(**{**pinned.__dict__, "cache_dir": str(tmp_path / "elsewhere")}))
     assert (worker.mode, worker.version, worker.calibration) == (chosen.mode, chosen.version, None)

@@ -17,8 +17,15 @@ from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXT
 from nightscore.settings import load_settings
 from tests.helpers import cos_rows
 
-TEXTS = [*PROBE_TEXTS, "a", "", "Breaking news", "東京は日本の首都です。", "word " * 600,
-         "The central bank raised interest rates by a quarter point on Wednesday."] * 3
+TEXTS = [
+    *PROBE_TEXTS,
+    "a",
+    "",
+    "Breaking news",
+    "東京は日本の首都です。",
+    "word " * 600,
+    "The central bank raised interest rates by a quarter point on Wednesday.",
+] * 3
 
 
 def _device() -> torch.device:
@@ -47,8 +54,9 @@ def test_fp32_on_the_device_matches_cpu_fp32(device_fp32: TextEncoder, cpu_fp32:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_precision_against_fp32_on_the_device_and_on_cpu(device_fp32: TextEncoder, cpu_fp32: np.ndarray,
-                                                        backend: str, precision: str) -> None:
+def test_precision_against_fp32_on_the_device_and_on_cpu(
+    device_fp32: TextEncoder, cpu_fp32: np.ndarray, backend: str, precision: str
+) -> None:
     device = _device()
     reason = unavailable_reason(backend, precision, device)
     if reason:

@@ -10,8 +10,33 @@ from models.engine import encode_texts
 from tests.helpers import cos_rows
 
 _LONG_A = " ".join(
-    "The committee reviewed the quarterly budget, discussed staffing, and postponed the vote on the new "
-    "library wing until the auditors had finished their report.".split() * 12
+    [
+        "The",
+        "committee",
+        "reviewed",
+        "the",
+        "quarterly",
+        "budget,",
+        "discussed",
+        "staffing,",
+        "and",
+        "postponed",
+        "the",
+        "vote",
+        "on",
+        "the",
+        "new",
+        "library",
+        "wing",
+        "until",
+        "the",
+        "auditors",
+        "had",
+        "finished",
+        "their",
+        "report.",
+    ]
+    * 12
 )
 _LONG_B = " ".join(f"item{i} costs {i * 3.5:.2f} euros;" for i in range(150))
 _LONG_C = "Ünïcödé naïve café résumé — Zürich, Kraków, São Paulo, 東京, Москва. " * 25
@@ -124,19 +149,22 @@ def test_sports_closer_to_sports_than_cooking(minilm: TextEncoder) -> None:
     assert sims[1, 0] > sims[1, 2] + 0.1
 
 
-@pytest.mark.parametrize(("backend", "precision"), [("torch", "int8"), ("openvino", "int8"), ("openvino", "fp32"),
-                                                   ("openvino", "bf16"), ("torch", "bf16")])
+@pytest.mark.parametrize(
+    ("backend", "precision"),
+    [("torch", "int8"), ("openvino", "int8"), ("openvino", "fp32"), ("openvino", "bf16"), ("torch", "bf16")],
+)
 def test_other_modes_against_sentence_transformers(reference: np.ndarray, backend: str, precision: str, tmp_path) -> None:
     """Each mode meets its floor on this corpus too (the shortest texts are the worst case for int8)."""
-    from models.backends.registry import unavailable_reason
-
     import torch
+
+    from models.backends.registry import unavailable_reason
 
     reason = unavailable_reason(backend, precision, torch.device("cpu"))
     if reason:
         pytest.skip(f"{backend}/{precision}: {reason}")
-    encoder = load_encoder(EncoderSpec(kind="minilm", device="cpu", backend=backend, precision=precision,
-                                           cache_dir=str(tmp_path)))
+    encoder = load_encoder(
+        EncoderSpec(kind="minilm", device="cpu", backend=backend, precision=precision, cache_dir=str(tmp_path))
+    )
     out, _ = encode_texts(encoder, TEXTS)
     cos = cos_rows(out, reference)
     floor = 0.99 if precision == "int8" else (0.9999 if precision == "fp32" else 0.999)

@@ -20,8 +20,14 @@ STEPS = ["install", "encoder_tests", "inference", "nightly", "ray"]
 def test_dry_run_walks_every_step_into_one_folder(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "PREFECT_API_URL"))}
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "run", "--dry-run"], cwd=ROOT,
-                          env={**env, "OUT": str(out)}, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "run", "--dry-run"],
+        cwd=ROOT,
+        env={**env, "OUT": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     summary = (out / "summary.md").read_text()
     assert done.returncode == 0, summary + done.stdout[-3000:] + done.stderr[-3000:]
     rows = {line.split("|")[1].strip(): line for line in summary.splitlines() if line.startswith("| ") and "---" not in line}

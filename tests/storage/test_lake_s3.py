@@ -67,7 +67,7 @@ def test_missing_and_corrupt_parquet_are_input_unreadable(lake: Lake) -> None:
     fs, path = lake.fs, lake.fs._strip_protocol(uri)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     fs.pipe_file(path, b"PAR1 not really")
-    with pytest.raises(InputUnreadable, match="items file .*bad.parquet: not a readable Parquet file"):
+    with pytest.raises(InputUnreadable, match=r"items file .*bad\.parquet: not a readable Parquet file"):
         lake.read_parquet(uri, "items")
 
 
@@ -83,8 +83,11 @@ def test_put_dir_copies_a_local_tree(lake: Lake, tmp_path: Path) -> None:
     assert lake.exists(uris[1])
 
 
-def test_s3_lake_from_settings_endpoint_and_region(s3_bucket: str, tmp_path: Path,  # noqa: F811
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_lake_from_settings_endpoint_and_region(
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Endpoint and region from settings alone (no AWS_ENDPOINT_URL); inputs in the same bucket reach the same server."""
     import os
 
@@ -103,10 +106,13 @@ def test_s3_lake_from_settings_endpoint_and_region(s3_bucket: str, tmp_path: Pat
 
 
 def test_duckdb_writes_and_reads_hive_partitions(lake: Lake) -> None:
-    rows = pl.DataFrame({
-        "run_date": [dt.date(2026, 11, 29)] * 2 + [dt.date(2026, 11, 30)] * 3,
-        "item_id": ["a", "b", "a", "b", "c"], "score": [0.1, 0.2, 0.3, 0.4, 0.5],
-    })
+    rows = pl.DataFrame(
+        {
+            "run_date": [dt.date(2026, 11, 29)] * 2 + [dt.date(2026, 11, 30)] * 3,
+            "item_id": ["a", "b", "a", "b", "c"],
+            "score": [0.1, 0.2, 0.3, 0.4, 0.5],
+        }
+    )
     with duckdb_lake.connect(lake) as con:
         uris = duckdb_lake.write_partitions(con, lake, "item_scores", rows.to_arrow())
         assert uris == [lake.uri("outputs", "item_scores", f"run_date=2026-11-{d}", "part-0.parquet") for d in (29, 30)]
@@ -125,12 +131,19 @@ def test_duckdb_writes_and_reads_hive_partitions(lake: Lake) -> None:
 
 def test_duckdb_partitions_straight_from_a_lake_file(lake: Lake) -> None:
     """A run's Parquet file in the lake is partitioned by DuckDB reading it from the lake (no Python frame)."""
-    rows = pl.DataFrame({"run_date": [dt.date(2026, 12, 1)] * 4, "user_id": ["u1", "u1", "u2", "u2"],
-                         "rank": [1, 2, 1, 2], "item_id": ["a", "b", "b", "c"]})
+    rows = pl.DataFrame(
+        {
+            "run_date": [dt.date(2026, 12, 1)] * 4,
+            "user_id": ["u1", "u1", "u2", "u2"],
+            "rank": [1, 2, 1, 2],
+            "item_id": ["a", "b", "b", "c"],
+        }
+    )
     source = lake.write_parquet(rows, lake.uri("runs", "2026-12-01", "r9", "user_candidates.parquet"))
     with duckdb_lake.connect(lake) as con:
         assert duckdb_lake.write_partitions(con, lake, "user_candidates", source) == [
-            lake.uri("outputs", "user_candidates", "run_date=2026-12-01", "part-0.parquet")]
+            lake.uri("outputs", "user_candidates", "run_date=2026-12-01", "part-0.parquet")
+        ]
         back = duckdb_lake.read_partitions(con, lake, "user_candidates").pl().sort("user_id", "rank")
     assert back.select(rows.columns).equals(rows)
     with duckdb_lake.connect(lake) as con, pytest.raises(PublishError, match="no run_date column"):
@@ -145,8 +158,13 @@ def test_partition_files_keep_row_groups_small_and_rows_in_order(tmp_path: Path,
     monkeypatch.setattr(duckdb_lake, "ROW_GROUP_ROWS", 4096)
     lake = Lake(str(tmp_path / "lake"))
     n = 20_000
-    rows = pl.DataFrame({"run_date": [dt.date(2026, 12, 1)] * n, "item_id": [f"item-{i:06d}" for i in range(n)],
-                         "embedding": [[float(i)] * 8 for i in range(n)]})
+    rows = pl.DataFrame(
+        {
+            "run_date": [dt.date(2026, 12, 1)] * n,
+            "item_id": [f"item-{i:06d}" for i in range(n)],
+            "embedding": [[float(i)] * 8 for i in range(n)],
+        }
+    )
     with duckdb_lake.connect(lake) as con:
         [uri] = duckdb_lake.write_partitions(con, lake, "item_scores", rows.to_arrow())
         assert con.execute("select current_setting('memory_limit')").fetchall() == [("488.2 MiB",)]

@@ -24,7 +24,7 @@ ONE_BOTO_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}  # each l
 
 
 @pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:  # noqa: F811 - the imported fixture
+def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:
     """Yield a resetting proxy in front of the session's moto_server."""
     relay = ResettingProxy(int(s3_endpoint.rsplit(":", 1)[1]))
     yield relay
@@ -32,7 +32,7 @@ def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:  # noqa: F811 - the imp
 
 
 @pytest.fixture
-def lakes(s3_bucket: str, proxy: ResettingProxy) -> tuple[Lake, Lake]:  # noqa: F811
+def lakes(s3_bucket: str, proxy: ResettingProxy) -> tuple[Lake, Lake]:
     """Return (a lake straight on moto, the same lake through the proxy with 2 retries)."""
     direct = Lake(s3_bucket, {"use_listings_cache": False})
     options = {"use_listings_cache": False, "endpoint_url": proxy.url, **ONE_BOTO_ATTEMPT}
@@ -56,12 +56,18 @@ def test_a_reset_connection_is_retried_then_the_read_succeeds(lakes: tuple[Lake,
 
 @pytest.mark.parametrize("operation", ["exists", "read_parquet", "iter_frames", "read_json", "write_bytes", "identity"])
 def test_a_lake_that_stays_unreachable_is_named_after_the_retries(
-        lakes: tuple[Lake, Lake], proxy: ResettingProxy, operation: str) -> None:
+    lakes: tuple[Lake, Lake], proxy: ResettingProxy, operation: str
+) -> None:
     _, flaky = lakes
     uri = flaky.uri("items.parquet")
-    calls = {"exists": lambda: flaky.exists(uri), "read_parquet": lambda: flaky.read_parquet(uri, "items"),
-             "iter_frames": lambda: list(flaky.iter_frames(uri, "items")), "read_json": lambda: flaky.read_json(uri),
-             "write_bytes": lambda: flaky.write_bytes(b"x", flaky.uri("x.bin")), "identity": lambda: flaky.identity(uri)}
+    calls = {
+        "exists": lambda: flaky.exists(uri),
+        "read_parquet": lambda: flaky.read_parquet(uri, "items"),
+        "iter_frames": lambda: list(flaky.iter_frames(uri, "items")),
+        "read_json": lambda: flaky.read_json(uri),
+        "write_bytes": lambda: flaky.write_bytes(b"x", flaky.uri("x.bin")),
+        "identity": lambda: flaky.identity(uri),
+    }
     proxy.cut()
     before = proxy.connections
     with pytest.raises(LakeUnavailable, match=r"lake unavailable: \w+ s3://.* failed 3 time\(s\): \w+") as failed:

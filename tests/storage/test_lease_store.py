@@ -72,8 +72,19 @@ def test_a_publication_that_lost_its_lease_is_refused(wh: Warehouse) -> None:
     wh.record_run(run_row("r1", date(2026, 11, 30)))
     assert wh.acquire_lease("run_date:2026-11-30", "A", 30, NEVER_STALE) is None
     with pytest.raises(PublishError, match="no longer holds the lease"):
-        wh.publish(run_row("r1", date(2026, 11, 30)), scores("r1", date(2026, 11, 30), 3),
-                   candidates("r1", date(2026, 11, 30), 2), fence=LeaseFence("run_date:2026-11-30", "B"))
+        wh.publish(
+            run_row("r1", date(2026, 11, 30)),
+            scores("r1", date(2026, 11, 30), 3),
+            candidates("r1", date(2026, 11, 30), 2),
+            fence=LeaseFence("run_date:2026-11-30", "B"),
+        )
     assert one(wh, "SELECT count(*) FROM item_scores") == 0
-    assert wh.publish(run_row("r1", date(2026, 11, 30)), scores("r1", date(2026, 11, 30), 3),
-                      candidates("r1", date(2026, 11, 30), 2), fence=LeaseFence("run_date:2026-11-30", "A")) == "r1"
+    assert (
+        wh.publish(
+            run_row("r1", date(2026, 11, 30)),
+            scores("r1", date(2026, 11, 30), 3),
+            candidates("r1", date(2026, 11, 30), 2),
+            fence=LeaseFence("run_date:2026-11-30", "A"),
+        )
+        == "r1"
+    )

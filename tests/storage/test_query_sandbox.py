@@ -71,8 +71,9 @@ def test_duckdb_refuses_every_attack_with_one_line_and_touches_nothing(duck: Duc
 
 def test_duckdb_accepts_one_select_over_its_own_tables_views_and_table_functions(duck: DuckDBWarehouse) -> None:
     assert duck.analyst_query("select run_id, rows_in from latest_run").rows == [("r1", 4)]
-    assert duck.analyst_query("WITH t AS (SELECT topic, count(*) AS n FROM latest_item_scores GROUP BY topic) "
-                              "SELECT sum(n) FROM t").rows == [(4,)]
+    assert duck.analyst_query(
+        "WITH t AS (SELECT topic, count(*) AS n FROM latest_item_scores GROUP BY topic) SELECT sum(n) FROM t"
+    ).rows == [(4,)]
     assert duck.analyst_query("SELECT count(*) FROM range(3) r JOIN item_scores s ON true").rows == [(12,)]
     assert duck.analyst_query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'quarantine'").rows == [(1,)]
     assert duck.analyst_query("FROM scoring_runs SELECT status").rows == [("published",)]
@@ -130,10 +131,16 @@ def test_postgres_refuses_a_superuser_and_a_server_file_role(pg_schema: str, pg_
 def test_postgres_read_only_role_reads_and_cannot_reach_files_or_write(pg_roles: dict[str, str]) -> None:
     reader: Warehouse = open_warehouse(pg_roles["reader"])
     assert reader.analyst_query("select run_id, rows_in from latest_run").rows == [("r1", 4)]
-    for sql in ("select pg_read_file('/etc/hostname')", "select * from pg_ls_dir('.')", "select lo_import('/etc/hostname')",
-                "copy item_scores to '/tmp/nightscore-out.csv'", "delete from item_scores",
-                "with gone as (delete from item_scores returning 1) select count(*) from gone",
-                "select 1; delete from item_scores", "set transaction read write"):
+    for sql in (
+        "select pg_read_file('/etc/hostname')",
+        "select * from pg_ls_dir('.')",
+        "select lo_import('/etc/hostname')",
+        "copy item_scores to '/tmp/nightscore-out.csv'",
+        "delete from item_scores",
+        "with gone as (delete from item_scores returning 1) select count(*) from gone",
+        "select 1; delete from item_scores",
+        "set transaction read write",
+    ):
         with pytest.raises(QueryRefused) as refused:
             reader.analyst_query(sql)
         assert "\n" not in str(refused.value), sql
@@ -142,7 +149,8 @@ def test_postgres_read_only_role_reads_and_cannot_reach_files_or_write(pg_roles:
 
 
 def test_postgres_writer_role_is_warned_about_and_still_read_only(
-        pg_roles: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    pg_roles: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
     writer = open_warehouse(pg_roles["writer"])
     with caplog.at_level(logging.WARNING, logger="storage.warehouse_postgres"):
         assert writer.analyst_query("select count(*) from item_scores").rows == [(4,)]

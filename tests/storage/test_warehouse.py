@@ -37,38 +37,72 @@ def scores(run_id: str, run_date: date | str, n: int) -> pa.Table:
     """Return n item_scores rows of a run (unit vectors, item i along axis i mod DIM)."""
     vectors = np.zeros((n, DIM), dtype=np.float32)
     vectors[np.arange(n), np.arange(n) % DIM] = 1.0
-    return pl.DataFrame({
-        "run_id": [run_id] * n, "run_date": [run_date] * n, "item_id": [f"i{i}" for i in range(n)],
-        "model_version": ["m"] * n, "topic": ["sports" if i % 3 else "politics" for i in range(n)],
-        "topic_score": [0.5] * n, "token_count": [10] * n, "content_hash": ["h"] * n,
-    }).with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, DIM))).to_arrow()
+    return (
+        pl.DataFrame(
+            {
+                "run_id": [run_id] * n,
+                "run_date": [run_date] * n,
+                "item_id": [f"i{i}" for i in range(n)],
+                "model_version": ["m"] * n,
+                "topic": ["sports" if i % 3 else "politics" for i in range(n)],
+                "topic_score": [0.5] * n,
+                "token_count": [10] * n,
+                "content_hash": ["h"] * n,
+            }
+        )
+        .with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, DIM)))
+        .to_arrow()
+    )
 
 
 def candidates(run_id: str, run_date: date | str, users: int) -> pa.Table:
     """Return two candidates per user of a run."""
-    return pl.DataFrame({
-        "run_id": [run_id] * 2 * users, "run_date": [run_date] * 2 * users,
-        "user_id": [f"u{u}" for u in range(users) for _ in range(2)], "rank": [1, 2] * users,
-        "item_id": ["i0", "i1"] * users, "score": [0.9, 0.8] * users,
-    }).cast({"rank": pl.Int32}).to_arrow()
+    return (
+        pl.DataFrame(
+            {
+                "run_id": [run_id] * 2 * users,
+                "run_date": [run_date] * 2 * users,
+                "user_id": [f"u{u}" for u in range(users) for _ in range(2)],
+                "rank": [1, 2] * users,
+                "item_id": ["i0", "i1"] * users,
+                "score": [0.9, 0.8] * users,
+            }
+        )
+        .cast({"rank": pl.Int32})
+        .to_arrow()
+    )
 
 
 def quarantine(run_id: str, n: int) -> pa.Table:
     """Return n quarantine rows of a run."""
-    return pl.DataFrame({
-        "run_id": [run_id] * n, "dataset": ["items"] * n, "row_key": [f"k{i}" for i in range(n)],
-        "reason": ["empty text"] * n, "rule": ["text_not_empty"] * n, "value": [None] * n,
-    }, schema_overrides={"value": pl.String}).to_arrow()
+    return pl.DataFrame(
+        {
+            "run_id": [run_id] * n,
+            "dataset": ["items"] * n,
+            "row_key": [f"k{i}" for i in range(n)],
+            "reason": ["empty text"] * n,
+            "rule": ["text_not_empty"] * n,
+            "value": [None] * n,
+        },
+        schema_overrides={"value": pl.String},
+    ).to_arrow()
 
 
 def run_row(run_id: str, run_date: date | str, n: int = 3) -> dict[str, object]:
     """Return a minimal scoring_runs row (rows_in = n, so readers can check rows against it)."""
-    return {"run_id": run_id, "flow_name": "nightly", "run_date": run_date, "status": "running",
-            "started_at": datetime.now(UTC), "rows_in": n}
+    return {
+        "run_id": run_id,
+        "flow_name": "nightly",
+        "run_date": run_date,
+        "status": "running",
+        "started_at": datetime.now(UTC),
+        "rows_in": n,
+    }
 
 
-def publish(wh: Warehouse, run_id: str, run_date: date | str, n: int = 3,
-            before_commit: Callable[[str], object] | None = None) -> None:
+def publish(
+    wh: Warehouse, run_id: str, run_date: date | str, n: int = 3, before_commit: Callable[[str], object] | None = None
+) -> None:
     """Record and publish a run with n items and two users."""
     wh.record_run(run_row(run_id, run_date, n))
     wh.publish(run_row(run_id, run_date, n), scores(run_id, run_date, n), candidates(run_id, run_date, 2), before_commit)
@@ -248,16 +282,27 @@ def test_the_documented_queries_run(wh: Warehouse) -> None:
     publish(wh, "r2", date(2026, 11, 30), n=9)
     wh.record_run({**run_row("f3", date(2026, 12, 1)), "status": "failed"})
     wh.record_quarantine("f3", quarantine("f3", 2))
-    wh.record_metrics("r2", pa.table({"run_id": ["r2"] * 4, "method": ["fused", "popularity", "ranked", "fused"],
-                                      "metric": ["recall_at_k", "recall_at_k", "ndcg_at_10", "cold_recall_at_k"],
-                                      "value": [0.3, 0.2, 0.1, 0.25]}))
+    wh.record_metrics(
+        "r2",
+        pa.table(
+            {
+                "run_id": ["r2"] * 4,
+                "method": ["fused", "popularity", "ranked", "fused"],
+                "metric": ["recall_at_k", "recall_at_k", "ndcg_at_10", "cold_recall_at_k"],
+                "value": [0.3, 0.2, 0.1, 0.25],
+            }
+        ),
+    )
     results = [wh.query(sql.replace("RUN_A", "r1").replace("RUN_B", "r2")) for sql in doc_queries()]
     assert len(results) == 6 and all(result.rows for result in results)
     shares, overlap, reasons, per_status, _, quality = (result.records() for result in results)
     assert [(q["run_id"], q["fused_recall"], q["popularity_recall"], q["ranked_ndcg"], q["cold_recall"]) for q in quality] == [
-        ("r2", 0.3, 0.2, 0.1, 0.25)]
+        ("r2", 0.3, 0.2, 0.1, 0.25)
+    ]
     assert {(r["topic"], float(r["share"])) for r in shares if str(r["run_date"]) == "2026-11-30"} == {
-        ("politics", 0.333), ("sports", 0.667)}
+        ("politics", 0.333),
+        ("sports", 0.667),
+    }
     assert overlap == [{"pairs_a": 4, "pairs_b": 4, "shared": 4, "jaccard": 1.0}]
     assert [(r["run_id"], r["quarantined"]) for r in reasons] == [("f3", 2)]
     assert {r["status"]: r["runs"] for r in per_status} == {"published": 2, "failed": 1}
@@ -412,9 +457,14 @@ def test_duckdb_publish_gives_up_on_a_held_lock_with_a_clear_error(tmp_path: Pat
 # --- PostgreSQL specifics ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("location, adapter", [
-    ("postgresql://u@h/db", PostgresWarehouse), ("postgres://u@h/db", PostgresWarehouse), ("w.duckdb", DuckDBWarehouse),
-])
+@pytest.mark.parametrize(
+    "location, adapter",
+    [
+        ("postgresql://u@h/db", PostgresWarehouse),
+        ("postgres://u@h/db", PostgresWarehouse),
+        ("w.duckdb", DuckDBWarehouse),
+    ],
+)
 def test_open_warehouse_picks_the_backend_by_location(location: str, adapter: type) -> None:
     assert isinstance(open_warehouse(location), adapter)
 
@@ -429,21 +479,27 @@ def test_postgres_unreachable_server_is_a_one_line_error_without_the_password() 
         assert "\n" not in message and "s3cr" not in message and "analyst:***@127.0.0.1:1" in message
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("postgresql://u:pw@h:5/db?options=x", "postgresql://u:***@h:5/db?options=x"),
-    ("postgresql://h/db?user=u&password=pw", "postgresql://h/db?user=u&password=***"),
-    ("postgresql://u@h/db", "postgresql://u@h/db"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("postgresql://u:pw@h:5/db?options=x", "postgresql://u:***@h:5/db?options=x"),
+        ("postgresql://h/db?user=u&password=pw", "postgresql://h/db?user=u&password=***"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ],
+)
 def test_redact_hides_passwords(url: str, shown: str) -> None:
     assert redact(url) == shown
 
 
-@pytest.mark.parametrize("sql, bind, expected", [
-    ("select ? where a like '5%'", True, "select %s where a like '5%%'"),
-    ("select '?', \"?\", $$?$$ -- ?\n, ?", True, "select '?', \"?\", $$?$$ -- ?\n, %s"),
-    ("select '?' /* ? */ , ? ", True, "select '?' /* ? */ , %s "),
-    ("select data ? 'key'", False, "select data ? 'key'"),
-])
+@pytest.mark.parametrize(
+    "sql, bind, expected",
+    [
+        ("select ? where a like '5%'", True, "select %s where a like '5%%'"),
+        ("select '?', \"?\", $$?$$ -- ?\n, ?", True, "select '?', \"?\", $$?$$ -- ?\n, %s"),
+        ("select '?' /* ? */ , ? ", True, "select '?' /* ? */ , %s "),
+        ("select data ? 'key'", False, "select data ? 'key'"),
+    ],
+)
 def test_pg_sql_turns_question_marks_into_psycopg_placeholders(sql: str, bind: bool, expected: str) -> None:
     assert pg_sql(sql, bind) == expected
 
@@ -496,8 +552,12 @@ def test_an_older_run_date_publishes_its_rows_but_never_becomes_latest(wh: Wareh
     publish(wh, "new", date(2026, 12, 1), n=5)
     seen: list[str] = []
     wh.record_run(run_row("old", date(2026, 11, 30), 3))
-    latest = wh.publish(run_row("old", date(2026, 11, 30), 3), scores("old", date(2026, 11, 30), 3),
-                        candidates("old", date(2026, 11, 30), 2), before_commit=seen.append)
+    latest = wh.publish(
+        run_row("old", date(2026, 11, 30), 3),
+        scores("old", date(2026, 11, 30), 3),
+        candidates("old", date(2026, 11, 30), 2),
+        before_commit=seen.append,
+    )
     assert latest == "new" and seen == ["new"]
     assert one(wh, "select run_id from latest_run") == "new" and one(wh, "select count(*) from latest_item_scores") == 5
     assert one(wh, "select count(*) from item_scores where run_date = DATE '2026-11-30'") == 3
@@ -512,8 +572,15 @@ def test_an_older_run_date_publishes_its_rows_but_never_becomes_latest(wh: Wareh
 def test_a_retracted_republication_gives_the_date_back_to_the_run_it_replaced(wh: Warehouse) -> None:
     publish(wh, "r1", date(2026, 11, 30), n=3)
     wh.record_run(run_row("r2", date(2026, 11, 30), 5))
-    assert wh.publish(run_row("r2", date(2026, 11, 30), 5), scores("r2", date(2026, 11, 30), 5),
-                      candidates("r2", date(2026, 11, 30), 2), keep_replaced=True) == "r2"
+    assert (
+        wh.publish(
+            run_row("r2", date(2026, 11, 30), 5),
+            scores("r2", date(2026, 11, 30), 5),
+            candidates("r2", date(2026, 11, 30), 2),
+            keep_replaced=True,
+        )
+        == "r2"
+    )
     assert one(wh, "select count(*) from latest_item_scores") == 5 and statuses(wh)["r1"] == "replaced"
     pointed: list[str | None] = []
     assert wh.retract("r2", "serving features failed", before_commit=pointed.append) == "r1" and pointed == ["r1"]
@@ -525,8 +592,12 @@ def test_a_retracted_republication_gives_the_date_back_to_the_run_it_replaced(wh
 def test_finalize_deletes_the_replaced_rows_and_a_first_retraction_leaves_nothing(wh: Warehouse) -> None:
     publish(wh, "r1", date(2026, 11, 30), n=3)
     wh.record_run(run_row("r2", date(2026, 11, 30), 5))
-    wh.publish(run_row("r2", date(2026, 11, 30), 5), scores("r2", date(2026, 11, 30), 5),
-               candidates("r2", date(2026, 11, 30), 2), keep_replaced=True)
+    wh.publish(
+        run_row("r2", date(2026, 11, 30), 5),
+        scores("r2", date(2026, 11, 30), 5),
+        candidates("r2", date(2026, 11, 30), 2),
+        keep_replaced=True,
+    )
     assert wh.finalize_publication("r2") == 3 + 4 and wh.finalize_publication("r1") == 0
     assert wh.query("select distinct run_id from item_scores").rows == [("r2",)]
     assert wh.retract("r2", "late failure") is None  # nothing left to give the date back to

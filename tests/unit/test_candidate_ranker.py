@@ -9,15 +9,15 @@ import torch
 from models.candidates import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
 from models.evaluation import check_gate, metric_value, time_split
 from models.fusion import Fused, TuningGrid
-from models.ranker_net import TrainConfig, fit_net
-from tests.helpers import auc, hashed_text_vectors
 from models.ranker_features import candidate_features, feature_context, feature_names
 from models.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
+from models.ranker_net import TrainConfig, fit_net
 from models.ranker_training import RankerParams, Rows, rerank, train_lambdarank, train_mlp
 from models.retrieval import ItemChunks
 from models.sources.base import encode_run, history_of
 from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
 from nightscore.errors import ModelLoadError
+from tests.helpers import auc, hashed_text_vectors
 
 NAMES = tuple(f"f{i}" for i in range(4))
 
@@ -81,8 +81,9 @@ def demo_stage() -> tuple[object, ...]:
     catalogue, log = encode_run(items, interactions)
     vectors = np.stack(hashed_text_vectors(items)["embedding"].to_list()).astype(np.float32)
     chunks = ItemChunks.of(vectors, 512)
-    config = CandidateConfig(grid=TuningGrid(weights=(0.25, 1.0, 4.0), rrf_k=(20.0, 60.0), rounds=1),
-                             ranker=RankerParams(rounds=100, threads=1))
+    config = CandidateConfig(
+        grid=TuningGrid(weights=(0.25, 1.0, 4.0), rrf_k=(20.0, 60.0), rounds=1), ranker=RankerParams(rounds=100, threads=1)
+    )
     evaluation = time_split(log, config.holdout_share)
     tuned = tune(catalogue, log, chunks, config, evaluation)
     report = evaluate(catalogue, log, chunks, config, evaluation, tuned)
@@ -103,7 +104,8 @@ def test_fused_beats_popularity_on_held_out_demo_data(demo_stage: tuple[object, 
 
 
 def test_published_feature_rows_are_the_training_function_applied_to_the_published_candidates(
-        demo_stage: tuple[object, ...]) -> None:
+    demo_stage: tuple[object, ...],
+) -> None:
     catalogue, log, chunks, config, tuned, report = demo_stage
     final = fit_final(catalogue, log, chunks, config, DEMO_BASE_TIME, tuned, report.scorer)  # type: ignore[arg-type, attr-defined]
     chunk = next(candidate_chunks(final, np.arange(50)))
@@ -123,9 +125,15 @@ def test_features_by_hand() -> None:
     items, interactions = generate_demo_data(20, 3, seed=1)
     catalogue, log = encode_run(items, interactions)
     history = history_of(log, catalogue, None, DEMO_BASE_TIME, {"view": 1.0}, 14.0)
-    fused = Fused(("a", "b"), np.array([[3, 5]], np.int32), np.array([[9.0, 8.0]], np.float32),
-                  np.array([[[1, 0], [2, 1]]], np.int32), np.array([[[0.9, np.nan], [0.8, 7.0]]], np.float32),
-                  np.array([[0.5, 0.25]], np.float32), np.array([[1, 2]], np.int32))
+    fused = Fused(
+        ("a", "b"),
+        np.array([[3, 5]], np.int32),
+        np.array([[9.0, 8.0]], np.float32),
+        np.array([[[1, 0], [2, 1]]], np.int32),
+        np.array([[[0.9, np.nan], [0.8, 7.0]]], np.float32),
+        np.array([[0.5, 0.25]], np.float32),
+        np.array([[1, 2]], np.int32),
+    )
     features = candidate_features(fused, np.array([0]), feature_context(history, catalogue, 7.0))
     names = feature_names(("a", "b"))
     row = dict(zip(names, features[0, 1].tolist(), strict=True))

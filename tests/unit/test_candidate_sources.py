@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import polars as pl
@@ -15,20 +15,33 @@ from models.sources.content import fit_content
 from models.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence, user_sequences
 from models.sources.popularity import fit_most_popular, fit_topic_trending, fit_trending, trending_scores
 
-NOW = datetime(2026, 11, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
 WEIGHTS = {"view": 1.0, "click": 2.0, "purchase": 4.0}
 
 
 def _frames(rows: list[tuple[str, str, str, float]], items: list[tuple[str, str, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (items, interactions): items (id, topic, age days), interactions (user, item, event, age days)."""
-    item_frame = pl.DataFrame({"item_id": [i for i, _, _ in items], "topic": [t for _, t, _ in items],
-                               "created_at": [NOW - timedelta(days=a) for _, _, a in items]})
-    inter = pl.DataFrame({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows], "event": [r[2] for r in rows],
-                          "ts": [NOW - timedelta(days=r[3]) for r in rows]})
+    item_frame = pl.DataFrame(
+        {
+            "item_id": [i for i, _, _ in items],
+            "topic": [t for _, t, _ in items],
+            "created_at": [NOW - timedelta(days=a) for _, _, a in items],
+        }
+    )
+    inter = pl.DataFrame(
+        {
+            "user_id": [r[0] for r in rows],
+            "item_id": [r[1] for r in rows],
+            "event": [r[2] for r in rows],
+            "ts": [NOW - timedelta(days=r[3]) for r in rows],
+        }
+    )
     return item_frame, inter
 
 
-def _history(items: pl.DataFrame, inter: pl.DataFrame, keep_users: list[str] | None = None) -> tuple[Catalogue, EncodedLog, History]:
+def _history(
+    items: pl.DataFrame, inter: pl.DataFrame, keep_users: list[str] | None = None
+) -> tuple[Catalogue, EncodedLog, History]:
     catalogue, log = encode_run(items, inter)
     keep = None
     if keep_users is not None:
@@ -43,8 +56,16 @@ ITEMS = [("a", "x", 200), ("b", "x", 200), ("c", "y", 200), ("d", "y", 200), ("e
 @pytest.fixture()
 def co_case() -> tuple[Catalogue, EncodedLog, History]:
     """u1, u2 consume a then b; u3 only a; u4 c then d; u5 is in the log but has no history in the History."""
-    rows = [("u1", "a", "view", 5), ("u1", "b", "view", 4), ("u2", "a", "view", 5), ("u2", "b", "click", 4),
-            ("u3", "a", "view", 3), ("u4", "c", "view", 3), ("u4", "d", "view", 2), ("u5", "e", "view", 1)]
+    rows = [
+        ("u1", "a", "view", 5),
+        ("u1", "b", "view", 4),
+        ("u2", "a", "view", 5),
+        ("u2", "b", "click", 4),
+        ("u3", "a", "view", 3),
+        ("u4", "c", "view", 3),
+        ("u4", "d", "view", 2),
+        ("u5", "e", "view", 1),
+    ]
     items, inter = _frames(rows, ITEMS)
     return _history(items, inter, keep_users=["u1", "u2", "u3", "u4"])
 
@@ -54,8 +75,9 @@ def _names(catalogue: Catalogue, rows: np.ndarray) -> list[str]:
 
 
 def test_encode_run_drops_unknown_items_and_sorts_by_user_then_time() -> None:
-    items, inter = _frames([("u2", "a", "view", 1), ("u1", "zzz", "view", 2), ("u1", "b", "view", 3),
-                            ("u1", "a", "view", 1)], ITEMS)
+    items, inter = _frames(
+        [("u2", "a", "view", 1), ("u1", "zzz", "view", 2), ("u1", "b", "view", 3), ("u1", "a", "view", 1)], ITEMS
+    )
     catalogue, log = encode_run(items, inter)
     assert catalogue.user_ids.to_list() == ["u1", "u2"]
     assert log.user_rows.tolist() == [0, 0, 1] and _names(catalogue, log.item_rows) == ["b", "a", "a"]
@@ -80,9 +102,11 @@ def test_cooccurrence_finds_the_pair_and_excludes_seen(co_case: tuple[Catalogue,
 
 def test_cooccurrence_similarity_by_hand() -> None:
     """Two users, both a then b, views 0 days old: s(a, b) = co / sqrt(m_a m_b) = 1 / log2(4) * 2 / 2."""
-    items, inter = _frames([("u1", "a", "view", 0), ("u1", "b", "view", 0), ("u2", "a", "view", 0),
-                            ("u2", "b", "view", 0), ("u3", "a", "view", 0)], ITEMS)
-    catalogue, _, history = _history(items, inter)
+    items, inter = _frames(
+        [("u1", "a", "view", 0), ("u1", "b", "view", 0), ("u2", "a", "view", 0), ("u2", "b", "view", 0), ("u3", "a", "view", 0)],
+        ITEMS,
+    )
+    _, _, history = _history(items, inter)
     source = fit_cooccurrence(history, CooccurrenceParams(window=1))
     # co(a, b) = 2 users x sqrt(1 x 1) / distance 1 / log2(2 + 2 items) = 1.0; m_a = 3 (three users), m_b = 2
     a, b = 0, 1
@@ -100,8 +124,9 @@ def test_cooccurrence_passes_do_not_change_the_table(co_case: tuple[Catalogue, E
 
 
 def test_user_sequences_keep_the_latest_distinct_items() -> None:
-    items, inter = _frames([("u1", "a", "view", 5), ("u1", "b", "view", 4), ("u1", "a", "click", 3),
-                            ("u1", "c", "view", 2)], ITEMS)
+    items, inter = _frames(
+        [("u1", "a", "view", 5), ("u1", "b", "view", 4), ("u1", "a", "click", 3), ("u1", "c", "view", 2)], ITEMS
+    )
     catalogue, _, history = _history(items, inter)
     seq = user_sequences(history, max_history=2)
     assert _names(catalogue, seq.items) == ["a", "c"]  # by latest interaction: b (4), a (3), c (2): last two
@@ -159,8 +184,9 @@ def test_content_alone_reaches_the_item_with_no_interactions(co_case: tuple[Cata
 
 def test_trending_decays_with_age_and_skips_seen() -> None:
     """b: two views 14 days old (2 x 0.5 ** 2 = 0.5 at a 7-day half-life); c: one view today (1.0)."""
-    items, inter = _frames([("u1", "b", "view", 14), ("u2", "b", "view", 14), ("u3", "c", "view", 0),
-                            ("u3", "a", "purchase", 21)], ITEMS)
+    items, inter = _frames(
+        [("u1", "b", "view", 14), ("u2", "b", "view", 14), ("u3", "c", "view", 0), ("u3", "a", "purchase", 21)], ITEMS
+    )
     catalogue, _, history = _history(items, inter)
     np.testing.assert_allclose(trending_scores(history, 7.0)[:3], [4 * 0.125, 0.5, 1.0], rtol=1e-6)
     lists = fit_trending(history).recommend(np.array([0, 2]), 3)["trending"]
@@ -171,7 +197,8 @@ def test_trending_decays_with_age_and_skips_seen() -> None:
 
 
 def test_topic_trending_follows_the_users_topics_and_skips_users_without_history(
-        co_case: tuple[Catalogue, EncodedLog, History]) -> None:
+    co_case: tuple[Catalogue, EncodedLog, History],
+) -> None:
     catalogue, _, history = co_case
     source = fit_topic_trending(history, catalogue)
     users = catalogue.user_ids.to_list()
@@ -200,7 +227,8 @@ def test_content_user_vectors_equal_todays_formula(co_case: tuple[Catalogue, Enc
     vectors = _unit(np.random.default_rng(1).standard_normal((6, 5)).tolist())
     source = fit_content(ItemChunks.of(vectors, 4), history, catalogue.created_us)
     users = np.arange(catalogue.n_users)
-    inter = Interactions(history.user_rows.astype(np.int64), history.item_rows.astype(np.int64), history.weights,
-                         catalogue.n_users)
+    inter = Interactions(
+        history.user_rows.astype(np.int64), history.item_rows.astype(np.int64), history.weights, catalogue.n_users
+    )
     expected = user_vectors(torch.from_numpy(vectors), inter).numpy()
     np.testing.assert_allclose(source._user_vectors(source._user_history(users)).numpy(), expected, atol=1e-6)

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from data_contracts.inputs import item_text_expr
 from nightscore.demo_data import (
     DEMO_BASE_TIME,
     EVENTS,
@@ -18,7 +19,6 @@ from nightscore.demo_data import (
     generate_interactions,
     generate_items,
 )
-from data_contracts.inputs import item_text_expr
 from nightscore.settings import DEFAULT_TOPIC_LABELS
 
 UTC_US = pl.Datetime("us", "UTC")
@@ -60,9 +60,7 @@ def test_schemas(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:
     assert items.schema == pl.Schema(
         {"item_id": pl.String, "title": pl.String, "body": pl.String, "created_at": UTC_US, "topic": pl.String}
     )
-    assert interactions.schema == pl.Schema(
-        {"user_id": pl.String, "item_id": pl.String, "event": pl.String, "ts": UTC_US}
-    )
+    assert interactions.schema == pl.Schema({"user_id": pl.String, "item_id": pl.String, "event": pl.String, "ts": UTC_US})
 
 
 def test_items_shape(demo: tuple[pl.DataFrame, pl.DataFrame]) -> None:

@@ -21,20 +21,23 @@ from nightscore.settings import Settings
 from tests.helpers import published
 
 
-@pytest.mark.parametrize("bad", [
-    {"items_uri": "a.parquet"},  # interactions missing
-    {"run_date": "2026-13-01"},
-    {"run_date": "20261130"},  # pydantic alone would read digits as a Unix time
-    {"run_date": "9999-12-31"},  # the end of that day does not exist
-    {"callback_url": "not a url"},
-    {"callback_url": "file:///etc/passwd"},
-    {"callback_url": "http://169.254.169.254/latest/meta-data/"},
-    {"callback_url": "http://127.0.0.1:9000/done"},
-    {"callback_url": "http://localhost/done"},
-    {"callback_url": "http://[fd00::1]/done"},
-    {"callback_url": "http://0x7f.1/done"},
-    {"colour": "blue"},  # unknown parameters are refused, not ignored
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"items_uri": "a.parquet"},  # interactions missing
+        {"run_date": "2026-13-01"},
+        {"run_date": "20261130"},  # pydantic alone would read digits as a Unix time
+        {"run_date": "9999-12-31"},  # the end of that day does not exist
+        {"callback_url": "not a url"},
+        {"callback_url": "file:///etc/passwd"},
+        {"callback_url": "http://169.254.169.254/latest/meta-data/"},
+        {"callback_url": "http://127.0.0.1:9000/done"},
+        {"callback_url": "http://localhost/done"},
+        {"callback_url": "http://[fd00::1]/done"},
+        {"callback_url": "http://0x7f.1/done"},
+        {"colour": "blue"},  # unknown parameters are refused, not ignored
+    ],
+)
 def test_nightly_params_refuse_bad_input(bad: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         NightlyParams(**bad)
@@ -57,17 +60,20 @@ def flow_schema(flow: Any, allow_private: bool = False) -> dict[str, Any]:
     return strict_parameter_schema(parameter_schema(flow).model_dump_for_openapi(), allow_private)
 
 
-@pytest.mark.parametrize("parameters", [
-    {"items_uri": "i.parquet", "interactions_uri": "x.parquet"},  # not wrapped in params
-    {"params": {}, "extra": 1},
-    {"params": {"run_date": "20261130"}},
-    {"params": {"run_date": "9999-12-31"}},
-    {"params": {"callback_url": "ftp://example.com/x"}},
-    {"params": {"callback_url": "http://169.254.169.254/"}},
-    {"params": {"callback_url": "http://user@10.0.0.8:80/"}},
-    {"params": {"item_ids": []}},
-    {"params": {"item_ids": [" "]}},
-])
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"items_uri": "i.parquet", "interactions_uri": "x.parquet"},  # not wrapped in params
+        {"params": {}, "extra": 1},
+        {"params": {"run_date": "20261130"}},
+        {"params": {"run_date": "9999-12-31"}},
+        {"params": {"callback_url": "ftp://example.com/x"}},
+        {"params": {"callback_url": "http://169.254.169.254/"}},
+        {"params": {"callback_url": "http://user@10.0.0.8:80/"}},
+        {"params": {"item_ids": []}},
+        {"params": {"item_ids": [" "]}},
+    ],
+)
 def test_the_deployment_schema_refuses_what_the_server_must(parameters: dict[str, Any]) -> None:
     from prefect.utilities.schema_tools.validation import validate
 
@@ -81,8 +87,15 @@ def test_the_deployment_schema_accepts_good_parameters_and_private_callbacks_by_
 
     from flows.on_demand import on_demand
 
-    good = {"params": {"items_uri": "s3://lake/i.parquet", "interactions_uri": "s3://lake/x.parquet", "item_ids": ["7"],
-                       "run_date": "2026-11-30", "callback_url": "https://hooks.example.com/done"}}
+    good = {
+        "params": {
+            "items_uri": "s3://lake/i.parquet",
+            "interactions_uri": "s3://lake/x.parquet",
+            "item_ids": ["7"],
+            "run_date": "2026-11-30",
+            "callback_url": "https://hooks.example.com/done",
+        }
+    }
     assert validate(good, flow_schema(on_demand)) == [] and validate({}, flow_schema(on_demand)) == []
     loopback = {"params": {"callback_url": "http://127.0.0.1:9000/done"}}
     assert validate(loopback, flow_schema(on_demand)) and validate(loopback, flow_schema(on_demand, True)) == []
@@ -169,8 +182,12 @@ def test_callback_retries_until_accepted_and_gives_up_without_raising() -> None:
         server.server_close()  # the port now refuses connections
     assert len(_Flaky.bodies) == 3 and _Flaky.bodies[-1]["counts"]["rows_scored"] == 5
     assert _Flaky.bodies[-1]["run_id"] == "r1" and _Flaky.bodies[-1]["counts"]["cache_entries"] == 10
-    assert post_json(f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=2, backoff_s=0.01, timeout_s=2,
-                     allow_private=True) is False
+    assert (
+        post_json(
+            f"http://127.0.0.1:{server.server_port}/cb", payload, attempts=2, backoff_s=0.01, timeout_s=2, allow_private=True
+        )
+        is False
+    )
 
 
 def test_report_cost_and_markdown() -> None:

@@ -38,7 +38,7 @@ def failure_record(exc: BaseException) -> logging.LogRecord:
     """Return the record Prefect's engine logs for a failed task: its message with the exception's traceback."""
     try:
         raise exc
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the record must carry whatever was raised
         info = sys.exc_info()
     return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "Task run failed with exception: %r", (exc,), info)
 
@@ -58,9 +58,17 @@ def test_unexpected_failures_keep_their_traceback_where_only_expected_ones_lose_
     assert "Traceback" not in OneLine(logging.Formatter("%(message)s"), expected_only=False).format(record)
 
 
-@pytest.mark.parametrize(("exc", "code"), [
-    (ContractViolation("x"), 3), (InputUnreadable("x"), 3), (UsageError("x"), 2), (RunInterrupted("x"), 143),
-    (KeyboardInterrupt(), 130), (NightscoreError("x"), 1), (KeyError("x"), 1),
-])
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (ContractViolation("x"), 3),
+        (InputUnreadable("x"), 3),
+        (UsageError("x"), 2),
+        (RunInterrupted("x"), 143),
+        (KeyboardInterrupt(), 130),
+        (NightscoreError("x"), 1),
+        (KeyError("x"), 1),
+    ],
+)
 def test_one_table_maps_errors_to_exit_codes(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code

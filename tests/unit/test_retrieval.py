@@ -14,8 +14,9 @@ def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def _interactions(user_rows: list[int], item_rows: list[int], n_users: int, weights: list[float] | None = None,
-                  dtype: type = np.uint32) -> Interactions:
+def _interactions(
+    user_rows: list[int], item_rows: list[int], n_users: int, weights: list[float] | None = None, dtype: type = np.uint32
+) -> Interactions:
     w = np.ones(len(user_rows), dtype=np.float32) if weights is None else np.asarray(weights, dtype=np.float64)
     return Interactions(np.asarray(user_rows, dtype=dtype), np.asarray(item_rows, dtype=dtype), w, n_users)
 
@@ -73,7 +74,7 @@ def test_top_k_identical_across_chunk_sizes(random_case: tuple[np.ndarray, np.nd
 def test_top_k_never_returns_seen(random_case: tuple[np.ndarray, np.ndarray, Interactions]) -> None:
     users, items, seen = random_case
     rows, _ = top_k_items(torch.from_numpy(users), torch.from_numpy(items), seen, k=25, chunk=7)
-    seen_pairs = set(zip(seen.user_rows.tolist(), seen.item_rows.tolist()))
+    seen_pairs = set(zip(seen.user_rows.tolist(), seen.item_rows.tolist(), strict=False))
     assert seen_pairs, "the fixture must have seen items"
     for u in range(rows.shape[0]):
         assert not {(u, i) for i in rows[u].tolist()} & seen_pairs
@@ -146,12 +147,14 @@ def test_user_vectors_weighted_mean_normalised() -> None:
     items = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.6, 0.8, 0]], dtype=np.float32)
     inter = _interactions([0, 0, 1, 1, 1, 2], [0, 1, 0, 3, 2, 2], 4, weights=[3.0, 1.0, 1.0, 2.0, 0.5, 2.0])
     got = user_vectors(torch.from_numpy(items), inter).numpy()
-    raw = np.array([
-        3.0 * items[0] + 1.0 * items[1],
-        1.0 * items[0] + 2.0 * items[3] + 0.5 * items[2],
-        2.0 * items[2],
-        np.zeros(3),
-    ])
+    raw = np.array(
+        [
+            3.0 * items[0] + 1.0 * items[1],
+            1.0 * items[0] + 2.0 * items[3] + 0.5 * items[2],
+            2.0 * items[2],
+            np.zeros(3),
+        ]
+    )
     expected = raw.copy()
     expected[:3] /= np.linalg.norm(raw[:3], axis=1, keepdims=True)
     np.testing.assert_allclose(got, expected, atol=1e-6)

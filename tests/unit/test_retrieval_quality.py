@@ -22,19 +22,19 @@ T0 = datetime(2026, 10, 1, tzinfo=UTC)
 
 # Unit vectors: b and c lie near a, d and e are orthogonal to a and to each other.
 ITEM_IDS = ["a", "b", "c", "d", "e"]
-ITEM_VECTORS = np.array(
-    [[1.0, 0.0, 0.0], [0.96, 0.28, 0.0], [0.8, 0.6, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=np.float32
-)
+ITEM_VECTORS = np.array([[1.0, 0.0, 0.0], [0.96, 0.28, 0.0], [0.8, 0.6, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=np.float32)
 
 
 def _log(rows: list[tuple[str, str, int]]) -> pl.DataFrame:
     """Return an interaction log from (user_id, item_id, hour offset) rows, all views."""
-    return pl.DataFrame({
-        "user_id": [u for u, _, _ in rows],
-        "item_id": [i for _, i, _ in rows],
-        "event": ["view"] * len(rows),
-        "ts": [T0 + timedelta(hours=h) for _, _, h in rows],
-    }).with_columns(pl.col("ts").dt.cast_time_unit("us"))
+    return pl.DataFrame(
+        {
+            "user_id": [u for u, _, _ in rows],
+            "item_id": [i for _, i, _ in rows],
+            "event": ["view"] * len(rows),
+            "ts": [T0 + timedelta(hours=h) for _, _, h in rows],
+        }
+    ).with_columns(pl.col("ts").dt.cast_time_unit("us"))
 
 
 def _ones(frame: pl.DataFrame) -> np.ndarray:
@@ -49,9 +49,17 @@ def hand_log() -> pl.DataFrame:
     Retrieval: u1's vector ~ a + b, nearest unseen c, then d, e. u2's ~ 2d + e, nearest unseen c, b, a.
     Popularity minus seen: u1 -> e, d, c; u2 -> a, b, c.
     """
-    rows = [("u1", "a", 0), ("u1", "b", 1), ("u1", "c", 2),
-            ("u2", "d", 0), ("u2", "e", 1), ("u2", "d", 2), ("u2", "c", 3),
-            ("u3", "e", 0), ("u3", "e", 1)]
+    rows = [
+        ("u1", "a", 0),
+        ("u1", "b", 1),
+        ("u1", "c", 2),
+        ("u2", "d", 0),
+        ("u2", "e", 1),
+        ("u2", "d", 2),
+        ("u2", "c", 3),
+        ("u3", "e", 0),
+        ("u3", "e", 1),
+    ]
     return _log(rows).sample(fraction=1.0, shuffle=True, seed=3)  # input order must not matter
 
 
@@ -104,8 +112,16 @@ def test_too_few_interactions_everywhere_gives_nan_and_no_users() -> None:
 
 
 def test_split_last_holds_out_the_latest_by_ts() -> None:
-    rows = [("u", "a", 4), ("u", "b", 0), ("u", "c", 3), ("u", "d", 1), ("u", "e", 2),  # 5 >= 2 + 2
-            ("v", "a", 0), ("v", "b", 1), ("v", "c", 2)]  # 3 < 2 + 2: nothing held out
+    rows = [
+        ("u", "a", 4),
+        ("u", "b", 0),
+        ("u", "c", 3),
+        ("u", "d", 1),
+        ("u", "e", 2),  # 5 >= 2 + 2
+        ("v", "a", 0),
+        ("v", "b", 1),
+        ("v", "c", 2),
+    ]  # 3 < 2 + 2: nothing held out
     train, held = split_last(_log(rows).reverse(), holdout=2)
     assert sorted(held["item_id"].to_list()) == ["a", "c"] and held["user_id"].unique().to_list() == ["u"]
     assert train.height == 6 and sorted(train.filter(pl.col("user_id") == "u")["item_id"].to_list()) == ["b", "d", "e"]
@@ -169,5 +185,5 @@ def test_topic_embeddings_carry_signal_but_do_not_beat_popularity_on_demo_data()
     results = np.array([_demo_quality(seed) for seed in (0, 1, 2)])
     retrieval, popularity = results.mean(axis=0)
     assert 0.7 * popularity < retrieval < 1.2 * popularity
-    chance, chance_popularity = _demo_quality(0, shuffle=True)
+    chance, _ = _demo_quality(0, shuffle=True)
     assert chance < results[0, 0] - 0.1  # K = 100 of 400 items: chance alone finds about a quarter

@@ -21,8 +21,9 @@ def _seen(rng: np.random.Generator, n_users: int, n_items: int, most: int) -> In
         users += [u] * len(picked)
         items += picked.tolist()
     perm = rng.permutation(len(users))
-    return Interactions(np.asarray(users, np.uint32)[perm], np.asarray(items, np.uint32)[perm],
-                        rng.random(len(users)).astype(np.float32), n_users)
+    return Interactions(
+        np.asarray(users, np.uint32)[perm], np.asarray(items, np.uint32)[perm], rng.random(len(users)).astype(np.float32), n_users
+    )
 
 
 @pytest.mark.parametrize("block", [1, 3, 7, 64, 300, 1000])
@@ -43,8 +44,13 @@ def test_streamed_ties_broken_by_lower_item_index(block: int) -> None:
     items, user = _unit(rng, 50, 8), _unit(rng, 1, 8)
     for i in (41, 7, 23):  # exact ties in different blocks
         items[i] = user[0]
-    rows, scores = top_k_items(torch.from_numpy(user), ItemChunks.of(items, block), Interactions(
-        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), 1), 3, 1)
+    rows, scores = top_k_items(
+        torch.from_numpy(user),
+        ItemChunks.of(items, block),
+        Interactions(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), 1),
+        3,
+        1,
+    )
     assert rows[0].tolist() == [7, 23, 41]
     assert scores[0, 0] == scores[0, 1] == scores[0, 2]
 
@@ -53,7 +59,7 @@ def test_streamed_wide_tie_and_unfillable_slots() -> None:
     rng = np.random.default_rng(6)
     items = _unit(rng, 30, 4)
     users = np.zeros((2, 4), dtype=np.float32)  # every score 0: the lowest unseen rows win
-    seen = Interactions(np.array([0, 0, 1] + [1] * 29), np.array([0, 5, 0] + list(range(1, 30))), np.ones(32, np.float32), 2)
+    seen = Interactions(np.array([0, 0, 1] + [1] * 29), np.array([0, 5, 0, *list(range(1, 30))]), np.ones(32, np.float32), 2)
     rows, scores = top_k_items(torch.from_numpy(users), ItemChunks.of(items, 4), seen, 5, 2)
     assert rows[0].tolist() == [1, 2, 3, 4, 6]
     assert rows[1].tolist() == [-1] * 5 and np.all(np.isneginf(scores[1]))

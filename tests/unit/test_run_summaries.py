@@ -16,8 +16,16 @@ from nightscore.settings import Settings
 from storage.lake import Lake
 from tests.helpers import published
 
-REUSE_ONLY = {"rows_computed": 0, "rows_reused": 2000, "device": "none", "padding_efficiency": None, "texts_per_s": None,
-              "real_tokens": 0, "padded_tokens": 0, "truncated_texts": 0}
+REUSE_ONLY = {
+    "rows_computed": 0,
+    "rows_reused": 2000,
+    "device": "none",
+    "padding_efficiency": None,
+    "texts_per_s": None,
+    "real_tokens": 0,
+    "padded_tokens": 0,
+    "truncated_texts": 0,
+}
 RULES = [("items", "text:not_blank", 3, "item-0005"), ("interactions", "item_id:item_exists", 1, "u1|item-0005|2026")]
 
 
@@ -71,5 +79,6 @@ def test_the_default_key_follows_the_inputs_identity_not_the_day(tmp_path: Path)
     os.utime(items, (time.time() + 2700, time.time() + 2700))
     assert key() != first
     latest = OnDemandParams()  # no files given: the latest publication is the input
-    assert default_idempotency_key("on-demand", latest, inputs_identity(lake, [None, None], "run-a")) != \
-        default_idempotency_key("on-demand", latest, inputs_identity(lake, [None, None], "run-b"))
+    assert default_idempotency_key("on-demand", latest, inputs_identity(lake, [None, None], "run-a")) != default_idempotency_key(
+        "on-demand", latest, inputs_identity(lake, [None, None], "run-b")
+    )

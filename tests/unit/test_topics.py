@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,7 @@ def test_lower_temperature_sharpens(vectors: tuple[np.ndarray, np.ndarray]) -> N
     items, labels = vectors
     probs = [topic_scores(items, labels, t)[1] for t in (2.0, 0.5, 0.1, 0.02)]
     indices = [topic_scores(items, labels, t)[0] for t in (2.0, 0.5, 0.1, 0.02)]
-    for warm, cold in zip(probs, probs[1:]):
+    for warm, cold in itertools.pairwise(probs):
         assert np.all(cold >= warm)
         assert cold.mean() > warm.mean()
     # Temperature rescales the logits only: the winning label never changes.
