@@ -14,6 +14,7 @@ PATH is a Parquet file with a `text` column; by default the demo items (title + 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -198,7 +200,7 @@ def make_st_torch(
     """Return a runner of SentenceTransformer.encode (torch; dtype bf16/fp16 casts the weights) at its best batch size."""
     from sentence_transformers import SentenceTransformer
 
-    kwargs = {"model_kwargs": {"torch_dtype": dtype}} if dtype is not None else {}
+    kwargs: dict[str, Any] = {"model_kwargs": {"torch_dtype": dtype}} if dtype is not None else {}
     model = SentenceTransformer(str(path), device=str(device), **kwargs)
     chosen = {"batch": batch_sizes[0]}
 
@@ -541,7 +543,7 @@ def build_runners(
             notes["ray_data"] = f"steady state; Ray start-up {startup:.1f}s apart"
     if "engine_modes" in modes:
         for row, enc in pinned.items():
-            runners[row] = lambda t, e=enc: run_engine(e, t)
+            runners[row] = functools.partial(run_engine, enc)
     if "engine" in modes:
         runners["engine"] = lambda t: run_engine(auto, t)
         notes["engine"] = f"auto -> {auto.mode.label}"
@@ -607,9 +609,11 @@ def report(
         results.setdefault(mode, Result(0.0, 0, 0, 0))
         results[mode].note = (results[mode].note + "; " if results[mode].note else "") + note
     ref = results.get("engine[torch/fp32]", results.get("naive"))
-    add_fidelity(
-        results, ref.embeddings if ref is not None and ref.embeddings is not None else run_engine(reference, texts).embeddings
-    )
+    reference_embeddings = ref.embeddings if ref is not None and ref.embeddings is not None else None
+    if reference_embeddings is None:
+        reference_embeddings = run_engine(reference, texts).embeddings
+    assert reference_embeddings is not None, "the reference run keeps its embeddings"
+    add_fidelity(results, reference_embeddings)
     ordered = {m: results[m] for m in [*sorted(results, key=_row_order)]}
     mm = matmul_gflops(device, n=8192, dtype=torch.bfloat16) if device.type == "cuda" else matmul_gflops(device)
     floor = floor_for(auto.backend.precision, DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR)
@@ -632,7 +636,8 @@ def report(
     if cal is not None:
         print(f"auto chose {cal.mode.label} (min cos {cal.fidelity.min:.5f}) in {cal.seconds:.1f}s of calibration (apart):")
         for row in cal.table:
-            fid = row["fidelity"]["min"] if row["fidelity"] else float("nan")
+            fidelity = cast(dict[str, float] | None, row["fidelity"])
+            fid = fidelity["min"] if fidelity else float("nan")
             print(f"    {row['mode']:<28}{row['tokens_per_s']:>9.0f} tok/s  min cos {fid:.5f}  {row['note']}")
     print(render(ordered, float(flops_per_text(lengths, model_shape(model_dir(args.model_dir))).sum()), int(lengths.sum()), mm))
     if device.type == "cuda":
@@ -652,7 +657,7 @@ def _row_order(mode: str) -> tuple[int, str]:
 def _write_json(
     path: Path, results: dict[str, Result], best: str | None, floor: float, auto: TextEncoder, targets: list[str]
 ) -> None:
-    rows = {
+    rows: dict[str, Any] = {
         m: {
             "texts_per_s": r.texts / r.seconds,
             "real_tok_per_s": r.tokens_per_s,

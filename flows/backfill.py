@@ -13,5 +13,7 @@ from tasks.results import Published
 @flow(name="backfill")
 def backfill(params: BackfillParams) -> list[Published]:
     """Run the nightly flow as a child run for each date from start_date to end_date; return their summaries."""
-    return [nightly(NightlyParams(run_date=day, items_uri=params.items_uri, interactions_uri=params.interactions_uri))
-            for day in backfill_dates(params.start_date, params.end_date)]
+    return [
+        nightly(NightlyParams(run_date=day, items_uri=params.items_uri, interactions_uri=params.interactions_uri))
+        for day in backfill_dates(params.start_date, params.end_date)
+    ]

@@ -20,8 +20,10 @@ from nightscore.callback import UnsafeCallback, check_callback_url
 from nightscore.settings import current_settings
 
 RUN_DATE_HELP = "Run date YYYY-MM-DD; empty = today (UTC). A run_date published again replaces its rows."
-CALLBACK_HELP = ("Optional http(s) URL: when the run ends the run POSTs {flow_run_id, run_id, state, counts, tables} to "
-                 "it. Loopback, link-local and private addresses are refused unless NIGHTSCORE_CALLBACK_ALLOW_PRIVATE.")
+CALLBACK_HELP = (
+    "Optional http(s) URL: when the run ends the run POSTs {flow_run_id, run_id, state, counts, tables} to "
+    "it. Loopback, link-local and private addresses are refused unless NIGHTSCORE_CALLBACK_ALLOW_PRIVATE."
+)
 FIRST_DATE, LAST_DATE = date(1900, 1, 1), date(2999, 12, 31)
 DATE_PATTERN = r"^(19[0-9]{2}|2[0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 CALLBACK_PATTERN = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+([/?#]\S*)?$"
@@ -80,7 +82,8 @@ class NightlyParams(_Params):
     items_uri: str | None = Field(None, description="Items Parquet (local path or s3://); empty = the demo inputs in the lake.")
     interactions_uri: str | None = Field(None, description="Interactions Parquet; give it together with items_uri.")
     resume: str | None = Field(
-        None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs.")
+        None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs."
+    )
     callback_url: HttpUrl | None = Field(None, description=CALLBACK_HELP, json_schema_extra=CALLBACK_SCHEMA)
 
     @model_validator(mode="after")
@@ -95,11 +98,14 @@ class OnDemandParams(_Params):
 
     items_uri: str | None = Field(None, description="Items Parquet to score; empty = the latest published run's items.")
     interactions_uri: str | None = Field(
-        None, description="Interactions Parquet; empty = the latest published run's interactions.")
+        None, description="Interactions Parquet; empty = the latest published run's interactions."
+    )
     item_ids: list[str] | None = Field(
-        None, description="Add or replace only these items of items_uri in the latest published catalog and publish "
+        None,
+        description="Add or replace only these items of items_uri in the latest published catalog and publish "
         "the whole catalog (unchanged items reuse their vectors). Empty = score items_uri as it is.",
-        json_schema_extra=ITEM_IDS_SCHEMA)
+        json_schema_extra=ITEM_IDS_SCHEMA,
+    )
     run_date: date | None = Field(None, description=RUN_DATE_HELP, json_schema_extra=DATE_SCHEMA)
     callback_url: HttpUrl | None = Field(None, description=CALLBACK_HELP, json_schema_extra=CALLBACK_SCHEMA)
 

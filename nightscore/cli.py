@@ -47,16 +47,20 @@ class Invocation:
 
 INVOCATION = Invocation()
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Nightly and on-demand batch scoring.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Nightly and on-demand batch scoring."
+)
 
 
 @app.callback()
 def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG and show tracebacks.")) -> None:
     """Nightly and on-demand batch scoring."""
     INVOCATION.verbose = verbose
+
+
 run_app = typer.Typer(no_args_is_help=True, help="Run a scoring flow.")
 app.add_typer(run_app, name="run")
+
 
 class OutputFormat(StrEnum):
     """Output formats of `nightscore query`."""
@@ -87,8 +91,10 @@ def _settings(home: Path | None, command: str = "command") -> Settings:
 @app.command("demo-data")
 def demo_data(
     out: Path = typer.Option(..., "--out", help="Folder to write items.parquet and interactions.parquet to."),
-    items: int = typer.Option(2000, "--items", min=1), users: int = typer.Option(500, "--users", min=1),
-    seed: int = typer.Option(0, "--seed"), home: Path | None = HomeOption,
+    items: int = typer.Option(2000, "--items", min=1),
+    users: int = typer.Option(500, "--users", min=1),
+    seed: int = typer.Option(0, "--seed"),
+    home: Path | None = HomeOption,
 ) -> None:
     """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
     _settings(home, "demo-data")
@@ -108,7 +114,8 @@ def run_nightly(
     interactions: str | None = typer.Option(None, "--interactions", help="Interactions Parquet URI."),
     run_date: str | None = typer.Option(None, "--run-date", help="YYYY-MM-DD (default: today, UTC)."),
     resume: str | None = typer.Option(
-        None, "--resume", help="RUN_ID of an unfinished run to resume. Default: the unfinished run of the same date and inputs."),
+        None, "--resume", help="RUN_ID of an unfinished run to resume. Default: the unfinished run of the same date and inputs."
+    ),
     home: Path | None = HomeOption,
 ) -> None:
     """Run the nightly scoring flow once, now, and print its summary (SIGTERM stops it gracefully)."""
@@ -138,14 +145,20 @@ def _run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
 
     warehouse = warehouse_for(cfg)
     try:
-        rules = warehouse.query("SELECT dataset, rule, count(*), min(row_key) FROM quarantine WHERE run_id = ? "
-                                "GROUP BY dataset, rule ORDER BY 3 DESC, 1, 2", [published.run_id]).rows
+        rules = warehouse.query(
+            "SELECT dataset, rule, count(*), min(row_key) FROM quarantine WHERE run_id = ? "
+            "GROUP BY dataset, rule ORDER BY 3 DESC, 1, 2",
+            [published.run_id],
+        ).rows
         latest = warehouse.latest_published()
     except NightscoreError as exc:  # the run is published; a busy warehouse only shortens its summary
         log.warning("summary without the warehouse's notes: %s", exc)
         return {}
-    return {"quarantine": [tuple(row) for row in rules], "latest_run": latest.run_id if latest else None,
-            "max_tokens": cfg.max_seq_length}
+    return {
+        "quarantine": [tuple(row) for row in rules],
+        "latest_run": latest.run_id if latest else None,
+        "max_tokens": cfg.max_seq_length,
+    }
 
 
 @contextmanager
@@ -160,8 +173,9 @@ def _interruptible() -> Iterator[None]:
 
         run_id = last_started()
         how = f"run the same command again (or --resume {run_id})" if run_id else "run the same command again"
-        raise RunInterrupted(f"run {run_id or '(not started yet)'} interrupted by SIGTERM: finished shards are kept; "
-                             f"{how} to finish it") from exc
+        raise RunInterrupted(
+            f"run {run_id or '(not started yet)'} interrupted by SIGTERM: finished shards are kept; {how} to finish it"
+        ) from exc
 
 
 @run_app.command("train-ranker")
@@ -183,7 +197,8 @@ def run_train_ranker(
 
 @app.command("serve")
 def serve(
-    port: int = typer.Option(8000, "--port", min=1, max=65535), host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    host: str = typer.Option("127.0.0.1", "--host"),
     home: Path | None = HomeOption,
 ) -> None:
     """Serve GET /v1/users/{user_id}/recommendations from the cache with the lake's current ranker."""
@@ -215,8 +230,10 @@ def runs(limit: int = typer.Option(20, "--limit", min=1), home: Path | None = Ho
     from nightscore.output import render
     from storage.resources import warehouse_for
 
-    sql = ("SELECT run_id, run_date, status, rows_in, rows_quarantined, rows_scored, rows_reused, rows_computed, "
-           "users_with_candidates, round(wall_seconds, 1) AS wall_s, message FROM scoring_runs ORDER BY started_at DESC LIMIT ?")
+    sql = (
+        "SELECT run_id, run_date, status, rows_in, rows_quarantined, rows_scored, rows_reused, rows_computed, "
+        "users_with_candidates, round(wall_seconds, 1) AS wall_s, message FROM scoring_runs ORDER BY started_at DESC LIMIT ?"
+    )
     typer.echo(render(warehouse_for(cfg).query(sql, [limit]), "table"))
 
 
@@ -273,16 +290,19 @@ def prune(
 
 
 @app.command("up")
-def up(host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect server listens on."),
-       home: Path | None = HomeOption) -> None:
+def up(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the Prefect server listens on."), home: Path | None = HomeOption
+) -> None:
     """Start a Prefect server (port NIGHTSCORE_PREFECT_PORT, default 4200), the deployments and a worker; print the UI URL."""
     cfg = _settings(home, "up")
     from deployments.stack import up as start
 
     state = start(cfg, host)
-    typer.echo(f"nightscore is up: Prefect UI {state['ui_url']}  (API {state['api_url']})\n"
-               f"  deployments: {', '.join(state['deployments'])}; worker pool {cfg.work_pool}; logs in {state['home']}/logs\n"
-               f"  export PREFECT_API_URL={state['api_url']}   # for prefect commands and nightscore trigger/status")
+    typer.echo(
+        f"nightscore is up: Prefect UI {state['ui_url']}  (API {state['api_url']})\n"
+        f"  deployments: {', '.join(state['deployments'])}; worker pool {cfg.work_pool}; logs in {state['home']}/logs\n"
+        f"  export PREFECT_API_URL={state['api_url']}   # for prefect commands and nightscore trigger/status"
+    )
 
 
 @app.command("down")
@@ -346,17 +366,25 @@ def trigger_on_demand(
     from nightscore.settings import settings_scope
 
     with settings_scope(cfg):  # the models check callback_url against these settings
-        params = OnDemandParams(items_uri=items, interactions_uri=interactions, item_ids=item_ids or None,
-                                run_date=run_date, callback_url=callback_url)
+        params = OnDemandParams(
+            items_uri=items,
+            interactions_uri=interactions,
+            item_ids=item_ids or None,
+            run_date=run_date,
+            callback_url=callback_url,
+        )
     with _prefect_api(cfg):
         key = key or _request_key(cfg, params)
         existing = existing_run("on-demand", key)
         created = trigger("on-demand", params, key)
         typer.echo(created["flow_run_id"])
         if existing is not None:
-            typer.echo(f"nightscore: returned the existing flow run {existing['flow_run_id']} ({existing['state']}, created "
-                       f"{existing['created']:%Y-%m-%d %H:%M:%S %Z}) for the same request and inputs; give "
-                       "--idempotency-key to start another", err=True)
+            typer.echo(
+                f"nightscore: returned the existing flow run {existing['flow_run_id']} ({existing['state']}, created "
+                f"{existing['created']:%Y-%m-%d %H:%M:%S %Z}) for the same request and inputs; give "
+                "--idempotency-key to start another",
+                err=True,
+            )
         log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
         if wait:
             state = wait_for_run(created["flow_run_id"], timeout)
@@ -381,8 +409,9 @@ def _request_key(cfg: Settings, params: OnDemandParams) -> str:
 
 
 @app.command("status")
-def status(flow_run_id: str = typer.Argument(..., help="Flow run id printed by `nightscore trigger`."),
-           home: Path | None = HomeOption) -> None:
+def status(
+    flow_run_id: str = typer.Argument(..., help="Flow run id printed by `nightscore trigger`."), home: Path | None = HomeOption
+) -> None:
     """Print a flow run's state (from the Prefect API) and its counts (from the warehouse)."""
     cfg = _settings(home, "status")
     from deployments.trigger import flow_run_state, run_counts

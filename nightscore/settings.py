@@ -60,14 +60,13 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         None, description="S3-compatible endpoint of an s3:// lake (MinIO, moto, ...). Default: AWS_ENDPOINT_URL, else AWS."
     )
-    s3_region: str | None = Field(
-        None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config."
-    )
+    s3_region: str | None = Field(None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config.")
 
     # --- cache versions ------------------------------------------------------------------------
     cache_version_grace_s: float = Field(
-        86_400, ge=0,
-        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once)."
+        86_400,
+        ge=0,
+        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once).",
     )
 
     # --- encoder ---------------------------------------------------------------------------
@@ -78,12 +77,14 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
         "auto",
         description="auto: chosen with backend and token budget by calibration (persisted per device kind); int8 = "
-        "per-channel weights and per-token activations; a pinned mode under its fidelity floor is refused."
+        "per-channel weights and per-token activations; a pinned mode under its fidelity floor is refused.",
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
     token_budget: int | None = Field(
-        None, ge=64, description="Max rows x padded length per batch. Default: auto's calibrated budget (or 2048 CPU / 65536 CUDA)."
+        None,
+        ge=64,
+        description="Max rows x padded length per batch. Default: auto's calibrated budget (or 2048 CPU / 65536 CUDA).",
     )
     bucket_boundaries: list[int] = Field(
         [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."
@@ -91,12 +92,14 @@ class Settings(BaseSettings):
     shard_size: int = Field(1024, ge=1, description="Rows per shard (the unit of scheduling and checkpointing).")
     # Engine backends and `auto` (issue 16): models/ takes these through EncoderSpec, never from the environment.
     model: str | None = Field(
-        None, description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
-        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2."
+        None,
+        description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
+        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2.",
     )
     backend: Literal["auto", "torch", "openvino"] = Field(
-        "auto", description="auto: chosen with precision and token budget by a short calibration at warm-up, "
-        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused."
+        "auto",
+        description="auto: chosen with precision and token budget by a short calibration at warm-up, "
+        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused.",
     )
     fidelity_floor_float: float = Field(
         0.999, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for float modes (bf16, fp16, fp32 elsewhere)."
@@ -125,11 +128,16 @@ class Settings(BaseSettings):
     # --- candidates: sources, fusion, ranker, gate (models/candidates.py) ----------------------------
     candidate_sources: list[SourceName] = Field(
         default_factory=lambda: list(SOURCE_NAMES),
-        description="Retrieval sources fused into the candidates (content also yields content_new: items with no interactions).")
+        description="Retrieval sources fused into the candidates (content also yields content_new: items with no interactions).",
+    )
     candidate_per_source: int = Field(100, ge=1, description="N: each source list's length before the union.")
     candidate_holdout_share: float = Field(
-        0.1, gt=0, lt=1, description="Share of the run's interactions, latest by time, held out for evaluation (and, inside "
-        "the rest, for validation).")
+        0.1,
+        gt=0,
+        lt=1,
+        description="Share of the run's interactions, latest by time, held out for evaluation (and, inside "
+        "the rest, for validation).",
+    )
     candidate_max_tune_users: int = Field(5_000, ge=1, description="Users sampled to tune the fusion and train the rankers.")
     candidate_max_eval_users: int = Field(20_000, ge=1, description="Users sampled to evaluate on the held-out split.")
     candidate_max_new_items: int = Field(100_000, ge=1, description="Newest interaction-less items content_new scores.")
@@ -146,18 +154,26 @@ class Settings(BaseSettings):
     trend_half_life_days: float = Field(7.0, gt=0, description="Trending: half-life of an interaction's count.")
     topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
     fusion_quota_grid: list[float] = Field(
-        default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3], description="Fusion tuning: the shares of K tried as the quota "
-        "of new (interaction-less) items. Larger quotas find more new items and cost recall of the others (docs/tables.md).")
+        default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3],
+        description="Fusion tuning: the shares of K tried as the quota "
+        "of new (interaction-less) items. Larger quotas find more new items and cost recall of the others (docs/tables.md).",
+    )
     fusion_cold_target: float = Field(
-        0.3, ge=0, le=1, description="Fusion tuning: the smallest new-item quota whose validation cold recall reaches this.")
+        0.3, ge=0, le=1, description="Fusion tuning: the smallest new-item quota whose validation cold recall reaches this."
+    )
     ranker_rounds: int = Field(300, ge=1, description="LightGBM LambdaRank (first stage and stage two): boosting rounds.")
     ranker_learning_rate: float = Field(0.05, gt=0, description="LightGBM: learning rate.")
     ranker_leaves: int = Field(31, ge=2, description="LightGBM: leaves per tree.")
     candidate_gate_recall_margin: float = Field(
-        0.0, description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin.")
+        0.0, description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin."
+    )
     candidate_gate_min_cold_recall: float = Field(
-        0.0, ge=0, le=1, description="Gate: the run fails (exit 3) when the fused cold-item recall@K is under this (set "
-        "0.25 for a catalogue whose texts describe their items; no held-out cold item = nothing to fail).")
+        0.0,
+        ge=0,
+        le=1,
+        description="Gate: the run fails (exit 3) when the fused cold-item recall@K is under this (set "
+        "0.25 for a catalogue whose texts describe their items; no held-out cold item = nothing to fail).",
+    )
     seed: int = Field(0, description="Seed of every sample, ALS and LightGBM.")
 
     # --- contracts -------------------------------------------------------------------------
@@ -182,12 +198,14 @@ class Settings(BaseSettings):
 
     # --- distributed -------------------------------------------------------------------------
     task_runner: Literal["local", "ray"] = Field(
-        "local", description="local: shards one at a time in the flow's process; ray: encode shards as Ray tasks "
-        "(one GPU each when the cluster has GPUs). Needs PREFECT_API_URL (a real Prefect server) under ray."
+        "local",
+        description="local: shards one at a time in the flow's process; ray: encode shards as Ray tasks "
+        "(one GPU each when the cluster has GPUs). Needs PREFECT_API_URL (a real Prefect server) under ray.",
     )
     ray_address: str | None = Field(
-        None, description="Ray cluster to use under task_runner=ray: None starts a local Ray in this process; "
-        "'auto' joins the cluster this node belongs to; 'ray://host:10001' connects through Ray Client."
+        None,
+        description="Ray cluster to use under task_runner=ray: None starts a local Ray in this process; "
+        "'auto' joins the cluster this node belongs to; 'ray://host:10001' connects through Ray Client.",
     )
     ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray (ray_address None). Default: all cores.")
 
@@ -199,42 +217,67 @@ class Settings(BaseSettings):
     gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
     gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
     hourly_price_usd: float = Field(
-        2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports.")
+        2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports."
+    )
     prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
 
     # --- safety and operations (issue 18) ---
     query_warehouse_url: str | None = Field(
-        None, description="Warehouse URL `nightscore query` connects with; on PostgreSQL a read-only, non-superuser role "
-        "(README, 'Analysts on PostgreSQL'). Default: warehouse_url.")
+        None,
+        description="Warehouse URL `nightscore query` connects with; on PostgreSQL a read-only, non-superuser role "
+        "(README, 'Analysts on PostgreSQL'). Default: warehouse_url.",
+    )
     warehouse_lock_timeout_s: float = Field(
-        60.0, ge=0, description="How long a warehouse operation waits for another process's lock before it fails "
-        "(a locked warehouse is never taken for 'no warehouse yet').")
+        60.0,
+        ge=0,
+        description="How long a warehouse operation waits for another process's lock before it fails "
+        "(a locked warehouse is never taken for 'no warehouse yet').",
+    )
     run_lease_ttl_s: float = Field(
-        120.0, gt=0, description="A run holds a lease on its run date, renewed every third of this many seconds; a lease "
-        "not renewed for this long has expired (its holder died) and the run may be resumed.")
+        120.0,
+        gt=0,
+        description="A run holds a lease on its run date, renewed every third of this many seconds; a lease "
+        "not renewed for this long has expired (its holder died) and the run may be resumed.",
+    )
     run_lease_wait_s: float = Field(
-        300.0, ge=0, description="How long a second attempt for a run date waits for the live attempt's lease before it "
-        "fails naming the holder.")
+        300.0,
+        ge=0,
+        description="How long a second attempt for a run date waits for the live attempt's lease before it "
+        "fails naming the holder.",
+    )
     callback_allow_private: bool = Field(
-        False, description="Let callback_url name loopback, link-local and private addresses (single-host setups, tests).")
+        False, description="Let callback_url name loopback, link-local and private addresses (single-host setups, tests)."
+    )
     work_pool_concurrency: int | None = Field(
-        2, ge=1, description="Flow runs the work pool runs at once (`nightscore deploy`/`up`); more wait as Scheduled, "
-        "in queue priority order. None: no limit.")
+        2,
+        ge=1,
+        description="Flow runs the work pool runs at once (`nightscore deploy`/`up`); more wait as Scheduled, "
+        "in queue priority order. None: no limit.",
+    )
     lake_retries: int = Field(
-        3, ge=0, description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff.")
+        3, ge=0, description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff."
+    )
     lake_retry_backoff_s: float = Field(
-        0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time).")
+        0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time)."
+    )
     cache_retries: int = Field(
-        2, ge=0, description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff.")
+        2, ge=0, description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff."
+    )
     duplicate_id_policy: Literal["quarantine_all", "keep_latest"] = Field(
-        "quarantine_all", description="Items sharing an item_id: quarantine_all quarantines every copy; keep_latest keeps "
-        "the copy with the latest created_at (ties: the later row in the file) and quarantines the others.")
+        "quarantine_all",
+        description="Items sharing an item_id: quarantine_all quarantines every copy; keep_latest keeps "
+        "the copy with the latest created_at (ties: the later row in the file) and quarantines the others.",
+    )
     data_docs_base_url: str | None = Field(
-        None, description="HTTP(S) URL serving the lake root: run summaries link the GX Data Docs under it. Without it "
-        "they link the run's contracts artifact in the Prefect UI.")
+        None,
+        description="HTTP(S) URL serving the lake root: run summaries link the GX Data Docs under it. Without it "
+        "they link the run's contracts artifact in the Prefect UI.",
+    )
     fault_fail_at: str | None = Field(
-        None, description="Chaos/test hook: raise an injected I/O error at a named point (publish:before-commit, "
-        "publish:partitions, publish:after-partitions).")
+        None,
+        description="Chaos/test hook: raise an injected I/O error at a named point (publish:before-commit, "
+        "publish:partitions, publish:after-partitions).",
+    )
 
     @field_validator("bucket_boundaries")
     @classmethod
@@ -262,7 +305,6 @@ class Settings(BaseSettings):
     def query_warehouse_location(self) -> str:
         """Return the warehouse URL or path analysts' queries use (query_warehouse_url, else the warehouse's)."""
         return self.query_warehouse_url or self.warehouse_location
-
 
     @property
     def engine_cache(self) -> Path:
@@ -323,9 +365,18 @@ def apply_runtime_defaults(settings: Settings) -> None:
 
 # Variables a worker process needs besides NIGHTSCORE_*: where the Prefect API is, offline model libraries,
 # an S3 endpoint/region. Credentials stay in each node's own environment.
-PASSTHROUGH = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE",
-               "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "GX_ANALYTICS_ENABLED", "AWS_ENDPOINT_URL",
-               "AWS_DEFAULT_REGION", "AWS_REGION")
+PASSTHROUGH = (
+    "PREFECT_API_URL",
+    "PREFECT_API_AUTH_STRING",
+    "PREFECT_SERVER_ANALYTICS_ENABLED",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "GX_ANALYTICS_ENABLED",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+)
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:

@@ -33,7 +33,9 @@ class CandidateEntry:
 
     def __post_init__(self) -> None:
         if self.features.ndim != 2 or self.features.shape[0] != len(self.item_ids):
-            raise ValueError(f"need one feature row per item id: {len(self.item_ids)} ids, features of shape {self.features.shape}")
+            raise ValueError(
+                f"need one feature row per item id: {len(self.item_ids)} ids, features of shape {self.features.shape}"
+            )
 
 
 def feature_set_id(names: Sequence[str]) -> str:
@@ -44,8 +46,10 @@ def feature_set_id(names: Sequence[str]) -> str:
 def encode_entry(entry: CandidateEntry) -> bytes:
     """Pack an entry into its payload."""
     rows = np.ascontiguousarray(entry.features, dtype=_FLOAT)
-    return msgpack.packb([PAYLOAD_VERSION, entry.feature_set, [str(i) for i in entry.item_ids], int(rows.shape[1]),
-                          rows.tobytes()], use_bin_type=True)
+    return msgpack.packb(
+        [PAYLOAD_VERSION, entry.feature_set, [str(i) for i in entry.item_ids], int(rows.shape[1]), rows.tobytes()],
+        use_bin_type=True,
+    )
 
 
 def decode_entry(blob: bytes) -> CandidateEntry:
@@ -62,8 +66,13 @@ def decode_entry(blob: bytes) -> CandidateEntry:
         version = payload[0] if isinstance(payload, list) and payload else None
         raise ValueError(f"unknown candidate payload format (version {version!r}, expected {PAYLOAD_VERSION})")
     _, feature_set, item_ids, n_features, raw = payload
-    if not isinstance(item_ids, list) or not isinstance(raw, bytes) or not isinstance(n_features, int) or n_features < 1 \
-            or len(raw) != 4 * n_features * len(item_ids):
+    if (
+        not isinstance(item_ids, list)
+        or not isinstance(raw, bytes)
+        or not isinstance(n_features, int)
+        or n_features < 1
+        or len(raw) != 4 * n_features * len(item_ids)
+    ):
         raise ValueError("candidate payload features do not match its item ids")
     features = np.frombuffer(raw, dtype=_FLOAT).reshape(len(item_ids), n_features)
     return CandidateEntry(item_ids, features, str(feature_set))

@@ -51,29 +51,61 @@ log = logging.getLogger(__name__)
 
 FALLBACK_ITEMS = 100  # trending items served to users nobody has seen
 ENTRY_SCHEMA = pl.Schema({"user_id": pl.String(), "entry": pl.Binary()})
-CANDIDATES_SCHEMA = pl.Schema({
-    "run_id": pl.String(), "run_date": pl.Date(), "user_id": pl.String(), "rank": pl.Int32(), "item_id": pl.String(),
-    "score": pl.Float64(), "rrf_score": pl.Float64(), "sources": pl.String(),
-    **{f"rank_{name}": pl.Int32() for name in CANDIDATE_LISTS}, **{f"score_{name}": pl.Float64() for name in CANDIDATE_LISTS}})
+CANDIDATES_SCHEMA = pl.Schema(
+    {
+        "run_id": pl.String(),
+        "run_date": pl.Date(),
+        "user_id": pl.String(),
+        "rank": pl.Int32(),
+        "item_id": pl.String(),
+        "score": pl.Float64(),
+        "rrf_score": pl.Float64(),
+        "sources": pl.String(),
+        **{f"rank_{name}": pl.Int32() for name in CANDIDATE_LISTS},
+        **{f"score_{name}": pl.Float64() for name in CANDIDATE_LISTS},
+    }
+)
 
 
 def candidate_config(settings: Settings) -> CandidateConfig:
     """Return the candidate stage's parameters from settings."""
     return CandidateConfig(
-        k=settings.top_k, per_source=settings.candidate_per_source, holdout_share=settings.candidate_holdout_share,
-        event_weights=dict(settings.event_weights), half_life_days=settings.recency_half_life_days,
+        k=settings.top_k,
+        per_source=settings.candidate_per_source,
+        holdout_share=settings.candidate_holdout_share,
+        event_weights=dict(settings.event_weights),
+        half_life_days=settings.recency_half_life_days,
         sources=tuple(settings.candidate_sources),
-        cooccurrence=CooccurrenceParams(settings.cooc_max_history, settings.cooc_window, settings.cooc_neighbours,
-                                        settings.cooc_alpha, settings.cooc_pairs_per_pass),
-        als=AlsParams(settings.als_factors, settings.als_regularization, settings.als_alpha, settings.als_confidence,
-                      iterations=settings.als_iterations, seed=settings.seed),
+        cooccurrence=CooccurrenceParams(
+            settings.cooc_max_history,
+            settings.cooc_window,
+            settings.cooc_neighbours,
+            settings.cooc_alpha,
+            settings.cooc_pairs_per_pass,
+        ),
+        als=AlsParams(
+            settings.als_factors,
+            settings.als_regularization,
+            settings.als_alpha,
+            settings.als_confidence,
+            iterations=settings.als_iterations,
+            seed=settings.seed,
+        ),
         popularity=PopularityParams(settings.trend_half_life_days, settings.topic_smoothing),
         grid=TuningGrid(new_quota=tuple(settings.fusion_quota_grid), cold_target=settings.fusion_cold_target),
-        ranker=RankerParams(rounds=settings.ranker_rounds, learning_rate=settings.ranker_learning_rate,
-                            leaves=settings.ranker_leaves, seed=settings.seed),
-        user_chunk=settings.user_chunk, max_tune_users=settings.candidate_max_tune_users,
-        max_eval_users=settings.candidate_max_eval_users, max_new_items=settings.candidate_max_new_items,
-        device="cpu" if settings.device == "cpu" else "auto", seed=settings.seed)
+        ranker=RankerParams(
+            rounds=settings.ranker_rounds,
+            learning_rate=settings.ranker_learning_rate,
+            leaves=settings.ranker_leaves,
+            seed=settings.seed,
+        ),
+        user_chunk=settings.user_chunk,
+        max_tune_users=settings.candidate_max_tune_users,
+        max_eval_users=settings.candidate_max_eval_users,
+        max_new_items=settings.candidate_max_new_items,
+        device="cpu" if settings.device == "cpu" else "auto",
+        seed=settings.seed,
+    )
 
 
 @task(name="build-candidates", cache_policy=NO_CACHE)
@@ -92,23 +124,46 @@ def build_candidates(run: RunRef, validated: Validated, scored: Scored) -> Candi
     final = fit_final(catalogue, encoded, chunks, config, run.reference_time, tuned, report.scorer, timings)
     users, rows = write_candidates(lake, run, final)
     version = publish_ranker(lake, run, final, report.scorer, report.chosen)
-    log.info("candidates of %d users (%d rows); ranker %s (%s); seconds per step %s", users, rows, version, report.chosen,
-             {k: round(v, 1) for k, v in timings.seconds.items()})
+    log.info(
+        "candidates of %d users (%d rows); ranker %s (%s); seconds per step %s",
+        users,
+        rows,
+        version,
+        report.chosen,
+        {k: round(v, 1) for k, v in timings.seconds.items()},
+    )
     return Candidates(
-        run.path("user_candidates.parquet"), users, rows, _finite(metric_value(metrics, "fused", "recall_at_k")),
+        run.path("user_candidates.parquet"),
+        users,
+        rows,
+        _finite(metric_value(metrics, "fused", "recall_at_k")),
         _finite(metric_value(metrics, "ranked" if report.scorer else "fused", "ndcg_at_10")),
-        _finite(metric_value(metrics, "popularity", "recall_at_k")), _finite(metric_value(metrics, "popularity", "ndcg_at_10")),
-        int(metric_value(metrics, "split", "users_evaluated")), time.perf_counter() - started,
-        entries_uri=run.path("candidate_entries.parquet"), metrics_uri=run.path("retrieval_metrics.parquet"),
-        cold_recall_at_k=_finite(metric_value(metrics, "fused", "cold_recall_at_k")), ranker_kind=report.chosen,
-        ranker_version=version, quality=method_quality(metrics))
+        _finite(metric_value(metrics, "popularity", "recall_at_k")),
+        _finite(metric_value(metrics, "popularity", "ndcg_at_10")),
+        int(metric_value(metrics, "split", "users_evaluated")),
+        time.perf_counter() - started,
+        entries_uri=run.path("candidate_entries.parquet"),
+        metrics_uri=run.path("retrieval_metrics.parquet"),
+        cold_recall_at_k=_finite(metric_value(metrics, "fused", "cold_recall_at_k")),
+        ranker_kind=report.chosen,
+        ranker_version=version,
+        quality=method_quality(metrics),
+    )
 
 
 def method_quality(metrics: pl.DataFrame) -> tuple[MethodQuality, ...]:
     """Return each method's held-out figures (retrieval_metrics without the split's own counts), in table order."""
     methods = metrics.filter(pl.col("method") != "split").get_column("method").unique(maintain_order=True).to_list()
-    return tuple(MethodQuality(m, *(_finite(metric_value(metrics, m, name)) for name in
-                                    ("recall_at_k", "ndcg_at_10", "cold_recall_at_k", "coverage_at_k"))) for m in methods)
+    return tuple(
+        MethodQuality(
+            m,
+            *(
+                _finite(metric_value(metrics, m, name))
+                for name in ("recall_at_k", "ndcg_at_10", "cold_recall_at_k", "coverage_at_k")
+            ),
+        )
+        for m in methods
+    )
 
 
 def catalogue_items(lake: Lake, items_uri: str, scores_uri: str) -> pl.DataFrame:
@@ -116,11 +171,13 @@ def catalogue_items(lake: Lake, items_uri: str, scores_uri: str) -> pl.DataFrame
     scores = lake.read_parquet(scores_uri, "item_scores", columns=["item_id", "topic", "topic_score"])
     created = lake.read_parquet(items_uri, "items", columns=["item_id", "created_at"])
     return scores.join(created, on="item_id", how="left", maintain_order="left").select(
-        "item_id", "created_at", "topic", "topic_score")
+        "item_id", "created_at", "topic", "topic_score"
+    )
 
 
 def item_chunks(lake: Lake, uri: str, n_items: int) -> ItemChunks:
     """Return item_scores' embeddings as blocks of ITEM_BLOCK rows, read from the lake on each pass (never all at once)."""
+
     def read() -> Iterator[np.ndarray]:
         for frame in lake.iter_frames(uri, "item_scores", columns=["embedding"], batch_size=ITEM_BLOCK):
             yield frame.get_column("embedding").to_numpy()
@@ -134,9 +191,13 @@ def record_metrics(lake: Lake, run: RunRef, metrics: pl.DataFrame) -> pl.DataFra
     lake.write_parquet(table, run.path("retrieval_metrics.parquet"))
     warehouse_for(run.settings, run.embedding_dim).record_metrics(run.run_id, table.to_arrow())
     for method in ("popularity", "fused", "ranked"):
-        log.info("held-out %s: recall@K %.4f, NDCG@10 %.4f, cold recall@K %.4f", method,
-                 metric_value(table, method, "recall_at_k"), metric_value(table, method, "ndcg_at_10"),
-                 metric_value(table, method, "cold_recall_at_k"))
+        log.info(
+            "held-out %s: recall@K %.4f, NDCG@10 %.4f, cold recall@K %.4f",
+            method,
+            metric_value(table, method, "recall_at_k"),
+            metric_value(table, method, "ndcg_at_10"),
+            metric_value(table, method, "cold_recall_at_k"),
+        )
     return table
 
 
@@ -158,8 +219,9 @@ def write_candidates(lake: Lake, run: RunRef, final: Final) -> tuple[int, int]:
             counts["rows"] += chunk.frame.height
             yield candidate_rows(run, chunk.frame), entry_frame(chunk, final)
 
-    lake.write_parquet_streams(rows(), [run.path("user_candidates.parquet"), run.path("candidate_entries.parquet")],
-                               [CANDIDATES_SCHEMA, ENTRY_SCHEMA])
+    lake.write_parquet_streams(
+        rows(), [run.path("user_candidates.parquet"), run.path("candidate_entries.parquet")], [CANDIDATES_SCHEMA, ENTRY_SCHEMA]
+    )
     return counts["users"], counts["rows"]
 
 
@@ -179,9 +241,11 @@ def candidate_rows(run: RunRef, frame: pl.DataFrame) -> pl.DataFrame:
     out = frame.with_columns(pl.col("sources").list.join(",").alias("sources"))
     for name in CANDIDATE_LISTS:
         for column, dtype in ((f"rank_{name}", pl.Int32), (f"score_{name}", pl.Float64)):
-            out = out.with_columns(pl.col(column).cast(dtype) if column in out.columns else pl.lit(None, dtype=dtype).alias(column))
+            out = out.with_columns(
+                pl.col(column).cast(dtype) if column in out.columns else pl.lit(None, dtype=dtype).alias(column)
+            )
     out = out.with_columns(pl.lit(run.run_id).alias("run_id"), pl.lit(run.date).alias("run_date"))
-    return out.select(CANDIDATE_COLUMNS).cast(dict(CANDIDATES_SCHEMA))
+    return out.select(CANDIDATE_COLUMNS).cast(CANDIDATES_SCHEMA)
 
 
 def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None, kind: str) -> str | None:
@@ -190,10 +254,18 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
     names = tuple(scorer.feature_names) if scorer is not None else ()
     trending = trending_scores(final.history, final.config.popularity.trend_half_life_days)
     top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
-    lake.write_json({"run_id": run.run_id, "ranker_version": version, "ranker_kind": kind, "feature_names": list(names),
-                     "feature_set": feature_set_id(names) if names else None,
-                     "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
-                     "fallback_scores": [float(v) for v in trending[top]]}, run.path("serving.json"))
+    lake.write_json(
+        {
+            "run_id": run.run_id,
+            "ranker_version": version,
+            "ranker_kind": kind,
+            "feature_names": list(names),
+            "feature_set": feature_set_id(names) if names else None,
+            "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
+            "fallback_scores": [float(v) for v in trending[top]],
+        },
+        run.path("serving.json"),
+    )
     return version
 
 

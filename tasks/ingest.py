@@ -22,7 +22,9 @@ from tasks.retries import IO_RETRIES, IO_RETRY_DELAYS, is_transient
 INPUT_BATCH = 65_536  # input rows per batch: ingest and the row contracts stream a file this many rows at a time
 
 
-@task(name="ingest", cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS, retry_condition_fn=is_transient)
+@task(
+    name="ingest", cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS, retry_condition_fn=is_transient
+)
 def ingest(run: RunRef) -> Ingested:
     """Produce the run's input snapshot, streamed in batches of INPUT_BATCH rows, with the contracts' column types.
 
@@ -30,12 +32,21 @@ def ingest(run: RunRef) -> Ingested:
     raises InputUnreadable (exit 3) naming the file.
     """
     started, lake = time.perf_counter(), lake_for(run.settings)
-    counts = {dataset: snapshot(lake, dataset, uri, columns, run.path(f"ingest/{dataset}.parquet"))
-              for dataset, uri, columns in (("items", run.items_uri, ITEM_COLUMNS),
-                                            ("interactions", run.interactions_uri, INTERACTION_COLUMNS))}
+    counts = {
+        dataset: snapshot(lake, dataset, uri, columns, run.path(f"ingest/{dataset}.parquet"))
+        for dataset, uri, columns in (
+            ("items", run.items_uri, ITEM_COLUMNS),
+            ("interactions", run.interactions_uri, INTERACTION_COLUMNS),
+        )
+    }
     fault_point("ingest", run.settings.fault_pause_at, Path(run.settings.home) / "faults")
-    return Ingested(run.path("ingest/items.parquet"), run.path("ingest/interactions.parquet"), counts["items"],
-                    counts["interactions"], time.perf_counter() - started)
+    return Ingested(
+        run.path("ingest/items.parquet"),
+        run.path("ingest/interactions.parquet"),
+        counts["items"],
+        counts["interactions"],
+        time.perf_counter() - started,
+    )
 
 
 def snapshot(lake: Lake, dataset: str, uri: str, columns: dict[str, pl.DataType], target: str) -> int:

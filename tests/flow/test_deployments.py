@@ -26,7 +26,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.helpers import demo_inputs
+from tests.helpers import UNGATED, demo_inputs
 from tests.servers import free_port, prefect_server
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -52,6 +52,7 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env.update(
         NIGHTSCORE_HOME=str(home),
         NIGHTSCORE_ENCODER="tiny",
+        **UNGATED,
         NIGHTSCORE_SHARD_SIZE="100",
         NIGHTSCORE_TOP_K="20",
         NIGHTSCORE_SCHEDULE_TIMEZONE="Europe/Berlin",

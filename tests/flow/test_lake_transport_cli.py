@@ -13,6 +13,7 @@ import pytest
 from nightscore.demo_data import generate_demo_data
 from storage.lake import Lake
 from tests.flow.test_resilience import CLI
+from tests.helpers import UNGATED
 from tests.servers import ResettingProxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
 
 
@@ -45,6 +46,7 @@ def command(*args: str, home: Path, bucket: str, endpoint: str, api: str | None 
         NIGHTSCORE_LAKE_RETRY_BACKOFF_S="0.1",
         AWS_MAX_ATTEMPTS="1",
         NIGHTSCORE_ENCODER="tiny",
+        **UNGATED,
     )
     if api:
         env["PREFECT_API_URL"] = api

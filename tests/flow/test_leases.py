@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from tests.flow.test_resilience import CLI, RUN_DATE
-from tests.helpers import demo_inputs
+from tests.helpers import UNGATED, demo_inputs
 from tests.servers import wait_for
 
 
@@ -29,7 +29,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    child.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
+    child.update(
+        PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env
+    )
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         [

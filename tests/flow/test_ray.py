@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from nightscore.errors import UsageError
 from nightscore.settings import load_settings
 from tasks.runner import build_runner
-from tests.helpers import demo_inputs
+from tests.helpers import UNGATED, demo_inputs
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -41,6 +41,7 @@ def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
     base.update(
         PREFECT_API_URL=api,
         NIGHTSCORE_ENCODER="tiny",
+        **UNGATED,
         NIGHTSCORE_SHARD_SIZE="40",
         NIGHTSCORE_TOP_K="20",
         RAY_DEDUP_LOGS="0",

@@ -22,7 +22,7 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import demo_inputs
+from tests.helpers import UNGATED, demo_inputs
 from tests.servers import wait_for
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -38,7 +38,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, items: Path | None = None) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` on the inputs; output goes to <home>.log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    env.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
+    env.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
     if pause_at:
         env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns

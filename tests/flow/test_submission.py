@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.flow.test_deployments import CLI, wait_final
+from tests.helpers import UNGATED
 from tests.servers import PREFECT
 
 
@@ -34,6 +35,7 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
         PREFECT_API_URL=prefect_api,
         NIGHTSCORE_HOME=str(home),
         NIGHTSCORE_ENCODER="tiny",
+        **UNGATED,
         NIGHTSCORE_WORK_POOL_CONCURRENCY="1",
         PREFECT_WORKER_QUERY_SECONDS="1",
     )
