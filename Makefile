@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 HOME_DIR ?= .nightscore
 
-.PHONY: demo test env bench clean
+.PHONY: demo test lint env bench clean
 
 env:  ## create .venv with the right torch build and nightscore installed (idempotent)
 	@bash scripts/bootstrap.sh
@@ -15,6 +15,11 @@ demo: env  ## the demo nightly run on embedded defaults (DuckDB, SQLite cache, l
 
 test: env  ## the whole test suite (needs PostgreSQL/Redis on 127.0.0.1 for the service tier)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: env  ## ruff (lint and format check) and mypy over every package, zero findings (CI runs it before the tests)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: env  ## inference benchmark: side-by-side table
 	$(PY) benchmarks/inference.py

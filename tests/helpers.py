@@ -6,7 +6,7 @@ import re
 import zlib
 from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import polars as pl
@@ -45,10 +45,10 @@ def published(**record: object) -> Published:
 
     from tasks.results import Published, RunRecord
 
-    stage_seconds = record.pop("stage_seconds", {"encode": 36.0, "publish": 4.0})
-    data_docs = record.pop("data_docs", {"items": "/lake/docs/index.html"})
+    stage_seconds = cast("dict[str, float]", record.pop("stage_seconds", {"encode": 36.0, "publish": 4.0}))
+    data_docs = cast("dict[str, str]", record.pop("data_docs", {"items": "/lake/docs/index.html"}))
     at = datetime(2026, 11, 30, 3, tzinfo=UTC)
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "run_id": "r1",
         "flow_run_id": None,
         "flow_name": "nightly",
@@ -82,7 +82,7 @@ def published(**record: object) -> Published:
         "data_docs": json.dumps(data_docs),
         **record,
     }
-    return Published(RunRecord(**values), dict(data_docs), dict(stage_seconds), shards=4, cache_entries=10)  # type: ignore[arg-type]
+    return Published(RunRecord(**values), dict(data_docs), dict(stage_seconds), shards=4, cache_entries=10)
 
 
 _TOKEN = re.compile(r"[a-z0-9]+")

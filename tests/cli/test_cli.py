@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -20,7 +21,7 @@ def nightscore(*args: str, home: Path, timeout: int = 600) -> subprocess.Complet
     return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def query_json(sql: str, home: Path) -> list[dict[str, object]]:
+def query_json(sql: str, home: Path) -> list[dict[str, Any]]:
     """Return the rows of a `nightscore query --format json` call."""
     done = nightscore("query", sql, "--format", "json", home=home)
     assert done.returncode == 0, done.stderr

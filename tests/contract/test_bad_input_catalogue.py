@@ -19,23 +19,24 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_contracts.inputs import InputRules, duplicate_rows, validate_items
-from nightscore.check import check_inputs
+from nightscore.check import InputCheck, check_inputs
 from nightscore.demo_data import generate_demo_data
 from nightscore.errors import InputUnreadable
 from nightscore.settings import Settings
 from storage.lake import Lake
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
+Demo = tuple[pl.DataFrame, pl.DataFrame]  # (items, interactions), the demo fixture
 
 
 @pytest.fixture(scope="module")
-def demo() -> tuple[pl.DataFrame, pl.DataFrame]:
+def demo() -> Demo:
     return generate_demo_data(200, 40, seed=21)
 
 
-def run_check(tmp_path: Path, items: pl.DataFrame | Path, interactions: pl.DataFrame | Path):
+def run_check(tmp_path: Path, items: pl.DataFrame | Path, interactions: pl.DataFrame | Path) -> InputCheck:
     """Write the frames (unless given as files) and return check_inputs on them."""
-    paths = []
+    paths: list[str] = []
     for name, data in (("items", items), ("interactions", interactions)):
         if isinstance(data, Path):
             paths.append(str(data))
@@ -84,7 +85,7 @@ ROW_CASES = {
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-def test_row_defect_is_quarantined_with_its_rule_and_the_rest_pass(case: str, tmp_path: Path, demo) -> None:
+def test_row_defect_is_quarantined_with_its_rule_and_the_rest_pass(case: str, tmp_path: Path, demo: Demo) -> None:
     dataset, breaker, rule = ROW_CASES[case]
     items, interactions = demo
     if dataset == "items":
@@ -98,7 +99,7 @@ def test_row_defect_is_quarantined_with_its_rule_and_the_rest_pass(case: str, tm
     assert check.quarantined[dataset] == expected
 
 
-def test_invalid_utf8_bytes_are_quarantined(tmp_path: Path, demo) -> None:
+def test_invalid_utf8_bytes_are_quarantined(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     bodies = [b.encode() for b in items["body"]]
     bodies[5] = b"caf\xe9 \xff\xfe broken bytes"
@@ -109,7 +110,7 @@ def test_invalid_utf8_bytes_are_quarantined(tmp_path: Path, demo) -> None:
     assert check.quarantined["items"] == 1
 
 
-def test_extra_column_is_ignored(tmp_path: Path, demo) -> None:
+def test_extra_column_is_ignored(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     check = run_check(tmp_path, items.with_columns(pl.lit(1).alias("unexpected")), interactions)
     assert check.quarantined == {"items": 0, "interactions": 0} and check.passed(0.05)
@@ -129,7 +130,7 @@ FILE_CASES = {
 
 
 @pytest.mark.parametrize("case", list(FILE_CASES))
-def test_unreadable_file_names_the_file_and_the_problem(case: str, tmp_path: Path, demo) -> None:
+def test_unreadable_file_names_the_file_and_the_problem(case: str, tmp_path: Path, demo: Demo) -> None:
     writer, message = FILE_CASES[case]
     path = tmp_path / "bad_items.parquet"
     writer(demo[0], path)
@@ -138,7 +139,7 @@ def test_unreadable_file_names_the_file_and_the_problem(case: str, tmp_path: Pat
     assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
-def test_cli_check_prints_rules_and_exits_3_over_the_limit(tmp_path: Path, demo) -> None:
+def test_cli_check_prints_rules_and_exits_3_over_the_limit(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     bad = items.with_columns(pl.when(pl.int_range(pl.len()) < 30).then(pl.lit("share")).otherwise(pl.col("body")).alias("body"))
     inter = interactions.with_columns(
@@ -178,14 +179,14 @@ def utf8_declared_with_bad_bytes(items: pl.DataFrame, row: int, data: bytes) -> 
     return items.drop("body").to_arrow().append_column("body", body)
 
 
-def test_a_valid_replacement_character_is_kept(tmp_path: Path, demo) -> None:
+def test_a_valid_replacement_character_is_kept(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     items = set_cell(items, "body", 5, "Caf\ufffd menu \u2014 the catalogue's own text")
     check = run_check(tmp_path, items, interactions)
     assert check.quarantined["items"] == 0 and check.passed(0.05)
 
 
-def test_invalid_bytes_in_a_utf8_declared_column_are_quarantined_per_row(tmp_path: Path, demo) -> None:
+def test_invalid_bytes_in_a_utf8_declared_column_are_quarantined_per_row(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     pq.write_table(utf8_declared_with_bad_bytes(items, 5, b"caf\xe9 \xff broken"), tmp_path / "items.parquet")
     check = run_check(tmp_path, tmp_path / "items.parquet", interactions)  # the whole file is not refused
@@ -201,7 +202,7 @@ def test_invalid_bytes_in_a_utf8_declared_column_are_quarantined_per_row(tmp_pat
     assert sum(v.height for v, _ in results) == items.height - 1
 
 
-def test_invalid_bytes_in_an_interaction_key_name_their_column(tmp_path: Path, demo) -> None:
+def test_invalid_bytes_in_an_interaction_key_name_their_column(tmp_path: Path, demo: Demo) -> None:
     items, interactions = demo
     users = [u.encode() for u in interactions["user_id"]]
     users[2] = b"user-\xc3\x28"
@@ -225,7 +226,7 @@ def with_copies(items: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def test_keep_latest_keeps_the_newest_copy_and_says_why_the_others_went(demo) -> None:
+def test_keep_latest_keeps_the_newest_copy_and_says_why_the_others_went(demo: Demo) -> None:
     items = with_copies(demo[0])
     rules = InputRules(not_after=NOW, duplicate_policy="keep_latest")
     valid, quarantine = validate_items(items, rules, "items.parquet")
@@ -237,7 +238,7 @@ def test_keep_latest_keeps_the_newest_copy_and_says_why_the_others_went(demo) ->
     assert all_copies["rule"].to_list() == ["item_id:field_uniqueness"] * 3 and default.height == items.height - 3
 
 
-def test_keep_latest_breaks_ties_by_the_later_row_and_counts_no_date_as_oldest(demo) -> None:
+def test_keep_latest_breaks_ties_by_the_later_row_and_counts_no_date_as_oldest(demo: Demo) -> None:
     items = set_cell(set_cell(demo[0], "item_id", 9, demo[0]["item_id"][4]), "item_id", 12, demo[0]["item_id"][4])
     same = datetime(2026, 11, 5, tzinfo=UTC)
     items = set_cell(set_cell(set_cell(items, "created_at", 4, same), "created_at", 9, same), "created_at", 12, None)

@@ -6,6 +6,7 @@ import json
 import logging
 from datetime import date
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -106,9 +107,12 @@ def test_each_suite_file_loads_with_a_version_and_every_expectation_builds(datas
 
 
 def test_first_run_leaves_out_the_checks_against_the_previous_run() -> None:
+    from great_expectations.expectations import ExpectTableRowCountToBeBetween
+
     tables = suite_expectations("item_scores", suite_params(None, PARAMS))
     assert "topic_shares" not in tables and "summary" not in tables
     row_count = tables["full"][0]
+    assert isinstance(row_count, ExpectTableRowCountToBeBetween)
     assert (row_count.min_value, row_count.max_value) == (1, None)
     assert "coverage" not in suite_expectations("user_candidates", suite_params(None, PARAMS))
 
@@ -172,7 +176,7 @@ def test_all_items_moved_to_one_topic_fails_naming_the_topic(frames: dict[str, p
     previous = dataset_stats("item_scores", frames["item_scores"])
     drifted = frames["item_scores"].with_columns(pl.lit("sports").alias("topic"))
     report = validate_dataset("item_scores", drifted, previous, PARAMS)
-    observed = only_failure(report, "expect_column_values_to_be_between", "share_delta")
+    observed = cast("dict[str, Any]", only_failure(report, "expect_column_values_to_be_between", "share_delta"))
     assert observed["unexpected_count"] == len(TOPICS)
     assert observed["examples"][0] == {"share_delta": pytest.approx(1 - 50 / 400), "topic": "sports"}
     line = render_failures(report)

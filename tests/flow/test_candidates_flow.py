@@ -14,12 +14,13 @@ from nightscore.settings import load_settings
 from storage.artifacts import read_scorer_bytes, read_serving
 from storage.candidate_payload import decode_entry
 from storage.resources import cache_for, lake_for, warehouse_for
+from tasks.results import Published
 from tests.helpers import demo_inputs
 
 SOURCE_LISTS = {"als", "content", "content_new", "cooccurrence", "topic_trending", "trending"}
 
 
-def run(folder: Path, run_date: str) -> object:
+def run(folder: Path, run_date: str) -> Published:
     """Run the nightly flow on a folder of demo inputs."""
     return nightly(
         NightlyParams(
@@ -56,7 +57,9 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
     assert read_scorer_bytes(lake, serving["ranker_version"])
     with cache_for(load_settings()) as cache:
         user = warehouse.query("SELECT user_id FROM latest_user_candidates LIMIT 1").rows[0][0]
-        entry = decode_entry(cache.read(user)[1])
+        cached = cache.read(user)
+        assert cached is not None
+        entry = decode_entry(cached[1])
     assert entry.feature_set == serving["feature_set"] and entry.features.shape[1] == len(serving["feature_names"])
     ranked = warehouse.query("SELECT item_id FROM latest_user_candidates WHERE user_id = ? ORDER BY rank", [user]).rows
     assert entry.item_ids == [r[0] for r in ranked]
@@ -71,7 +74,8 @@ def test_fused_candidates_below_popularity_fail_the_run_and_publish_nothing(
     with pytest.raises(ContractViolation, match=r"candidate gate: fused recall@K [0-9.]+ is below popularity's [0-9.]+"):
         run(folder, "2026-11-30")
     warehouse = warehouse_for(load_settings())
-    assert warehouse.latest_published().run_id == first.run_id  # type: ignore[union-attr]
+    latest = warehouse.latest_published()
+    assert latest is not None and latest.run_id == first.run_id
     failed = warehouse.query("SELECT run_id, status FROM scoring_runs WHERE run_date = DATE '2026-11-30'").rows
     assert [status for _, status in failed] == ["failed"]
     # the failed run's figures stay queryable: they say why it failed

@@ -9,6 +9,7 @@ import re
 import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -50,13 +51,19 @@ def latest_artifact(key: str) -> str:
     return str(artifact.data)
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    """A static-file handler that does not log each request to stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Drop the request line."""
+
+
 @pytest.fixture
-def lake_over_http(tiny: Path) -> str:
+def lake_over_http(tiny: Path) -> Iterator[str]:
     """Serve the test's lake root over HTTP on loopback, as a static site or an S3 website would; return its URL."""
     root = Path(load_settings().lake_root)
     root.mkdir(parents=True, exist_ok=True)
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[assignment]
+    handler = functools.partial(QuietHandler, directory=str(root))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"

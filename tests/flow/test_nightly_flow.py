@@ -31,9 +31,10 @@ def scalar(sql: str) -> object:
 
 from flows.nightly import nightly as nightly_flow  # noqa: E402
 from flows.params import NightlyParams, TrainRankerParams  # noqa: E402
+from tasks.results import Published  # noqa: E402
 
 
-def nightly(**params: object) -> dict:
+def nightly(**params: object) -> Published:
     """Run the nightly flow with NightlyParams built from keyword arguments."""
     return nightly_flow(NightlyParams(**params))
 
@@ -49,13 +50,17 @@ def test_nightly_publishes_scores_candidates_and_cache(tiny: Path, tmp_path: Pat
     assert scalar("select count(distinct user_id) from latest_user_candidates") == interactions["user_id"].n_unique()
     assert scalar("select max(c) from (select count(*) c from latest_user_candidates group by user_id)") == 20
     assert scalar("select count(*) from scoring_runs where status = 'published'") == 1
-    assert 0 < summary.record.padding_efficiency <= 1
-    assert summary.record.real_tokens > 0
-    assert 0 <= summary.record.recall_at_k <= 1 and 0 <= summary.record.popularity_ndcg_at_10 <= 1
+    record = summary.record
+    assert record.padding_efficiency is not None and 0 < record.padding_efficiency <= 1
+    assert record.real_tokens > 0
+    assert record.recall_at_k is not None and record.popularity_ndcg_at_10 is not None
+    assert 0 <= record.recall_at_k <= 1 and 0 <= record.popularity_ndcg_at_10 <= 1
     assert scalar("select recall_at_k from latest_run") == pytest.approx(summary.record.recall_at_k)
 
     cache = cache_for(load_settings())
-    run_id, blob = cache.read(interactions["user_id"][0])
+    cached = cache.read(interactions["user_id"][0])
+    assert cached is not None
+    run_id, blob = cached
     entry = decode_entry(blob)
     item_ids = entry.item_ids
     assert run_id == summary.run_id and len(item_ids) == 20 and entry.features.shape[0] == 20
@@ -148,10 +153,12 @@ def test_lake_partitions_rollback_and_drifted_outputs(tiny: Path, tmp_path: Path
     first = nightly(run_date="2026-11-29", items_uri=items_uri, interactions_uri=inter_uri)
     second = nightly(run_date=RUN_DATE, items_uri=items_uri, interactions_uri=inter_uri)
     lake = Path(load_settings().lake_root)
-    hive = duckdb.sql(
+    relation = duckdb.sql(
         f"select run_date, count(*) from read_parquet('{lake}/outputs/item_scores/*/*.parquet', "
         "hive_partitioning = true) group by all order by 1"
-    ).fetchall()
+    )
+    assert relation is not None
+    hive = relation.fetchall()
     assert [(str(d), n) for d, n in hive] == [("2026-11-29", 200), (RUN_DATE, 200)]
 
     cache = cache_for(load_settings())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TypedDict
 
 import duckdb
 import pytest
@@ -35,11 +36,23 @@ def run(folder: Path, run_date: str) -> Published:
     )
 
 
-def state() -> dict[str, object]:
+class State(TypedDict):
+    """What state() reads: the warehouse's latest run, the cache's pointers, rows and partitions per run."""
+
+    latest: str | None
+    pointers: tuple[str | None, str | None, list[str]]
+    rows: dict[str, int]
+    candidates: set[str]
+    partitions: dict[str, str]
+
+
+def state() -> State:
     """Return what must agree: warehouse latest, cache pointers and versions, rows per run, partitions per date."""
     cfg = load_settings()
     warehouse, lake = warehouse_for(cfg), lake_for(cfg)
     latest = warehouse.latest_published()
+    rows: dict[str, int]
+    candidates: set[str]
     try:
         rows = dict(warehouse.query("SELECT run_id, count(*) FROM item_scores GROUP BY run_id").rows)
         candidates = {r[0] for r in warehouse.query("SELECT DISTINCT run_id FROM user_candidates").rows}
@@ -50,7 +63,11 @@ def state() -> dict[str, object]:
     glob = f"{lake.root}/outputs/item_scores/*/*.parquet"
     written = list(Path(lake.root, "outputs", "item_scores").glob("*/*.parquet"))
     sql = f"SELECT run_date::varchar, min(run_id) FROM read_parquet('{glob}', hive_partitioning = true) GROUP BY 1"
-    partitions = dict(duckdb.sql(sql).fetchall()) if written else {}
+    partitions: dict[str, str] = {}
+    if written:
+        relation = duckdb.sql(sql)
+        assert relation is not None
+        partitions = dict(relation.fetchall())
     return {
         "latest": latest.run_id if latest else None,
         "pointers": pointers,
@@ -91,14 +108,14 @@ def test_every_failure_point_leaves_warehouse_cache_and_lake_agreeing(
     after = state()
     statuses = dict(warehouse_for(load_settings()).query("SELECT run_id, status FROM scoring_runs").rows)
     failed = [run_id for run_id, status in statuses.items() if status == "failed"]
-    assert len(failed) == 1 and failed[0] not in after["rows"] and failed[0] not in after["candidates"]  # type: ignore[operator]
+    assert len(failed) == 1 and failed[0] not in after["rows"] and failed[0] not in after["candidates"]
     assert after == before, f"{point} / {setup}: {after} != {before}"
-    latest, (current, previous, versions) = after["latest"], after["pointers"]  # type: ignore[misc]
+    latest, (current, previous, versions) = after["latest"], after["pointers"]
     assert current == latest and failed[0] not in versions
     if setup == "previous":
         assert (current, previous) == (earlier[1].run_id, earlier[0].run_id) and previous in versions
     if setup == "same-date":  # the run it replaced is the date's published run again, rows, cache and partition
-        assert latest == earlier[2].run_id and after["partitions"][DAYS[1]] == earlier[2].run_id  # type: ignore[index]
+        assert latest == earlier[2].run_id and after["partitions"][DAYS[1]] == earlier[2].run_id
 
 
 def test_publishing_an_older_run_date_never_moves_latest_or_the_cache_back(tiny: Path, tmp_path: Path) -> None:

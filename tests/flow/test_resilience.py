@@ -86,14 +86,18 @@ def outputs(home: Path) -> dict[str, object]:
             "select item_id, topic, topic_score, token_count, content_hash, embedding from latest_item_scores order by item_id"
         ).fetchall()
         cands = con.execute("select user_id, rank, item_id, score from latest_user_candidates order by user_id, rank").fetchall()
-        run_id = con.execute("select run_id from latest_run").fetchone()[0]
+        latest = con.execute("select run_id from latest_run").fetchone()
+        assert latest is not None
+        run_id = latest[0]
     finally:
         con.close()
     cache = open_cache(str(home / "cache.sqlite"), "nightscore")
     users = sorted({row[0] for row in cands})
     lists = {}
     for user in users:
-        got_run, blob = cache.read(user)
+        cached = cache.read(user)
+        assert cached is not None
+        got_run, blob = cached
         assert got_run == run_id
         entry = decode_entry(blob)
         lists[user] = (entry.item_ids, entry.features.tolist())
@@ -172,5 +176,6 @@ def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(tmp_pat
     edited.write_parquet(edited_path)
     assert summary_counts(run_to_end(home, inputs, prefect_api, items=edited_path)) == (15, 285)
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
-    assert con.execute("select count(*) from item_scores").fetchone()[0] == 300  # the run_date's rows replaced
+    count = con.execute("select count(*) from item_scores").fetchone()
+    assert count is not None and count[0] == 300  # the run_date's rows replaced
     con.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pytest
@@ -16,6 +16,9 @@ from storage import duckdb_lake
 from storage.resources import lake_for, warehouse_for
 from tests.servers import s3_bucket, s3_endpoint  # noqa: F401  (fixtures)
 
+if TYPE_CHECKING:
+    from tasks.results import Published
+
 RUN_DATE = "2026-11-30"
 NEXT_DATE = "2026-12-01"
 SCORES = (
@@ -24,7 +27,7 @@ SCORES = (
 CANDIDATES = "select user_id, rank, item_id, score from user_candidates order by user_id, rank"
 
 
-def run_nightly(**params: Any) -> dict[str, Any]:
+def run_nightly(**params: Any) -> Published:
     """Run the nightly flow with NightlyParams built from keyword arguments."""
     from flows.nightly import nightly
     from flows.params import NightlyParams

@@ -96,11 +96,12 @@ def test_the_server_refuses_bad_parameters_at_submission(deployed: dict[str, Any
 
 def test_the_server_accepts_good_parameters(deployed: dict[str, Any]) -> None:
     api = deployed["api"]
-    for name, parameters in [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("nightly", {}),
         ("nightly", {"params": {"run_date": "2026-11-30"}}),
         ("on-demand", {"params": {"callback_url": "https://hooks.example.com/scoring-done", "item_ids": ["7"]}}),
-    ]:
+    ]
+    for name, parameters in cases:
         created = create(api, name, parameters)
         assert created.status_code == 201, created.text
         httpx.delete(f"{api}/flow_runs/{created.json()['id']}", timeout=10)  # no worker must run them

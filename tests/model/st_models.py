@@ -6,10 +6,14 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from models.encoder import model_dir
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -34,7 +38,7 @@ ARCHS = [
 ]
 
 
-def _config(arch: Arch):
+def _config(arch: Arch) -> PretrainedConfig:
     import transformers
 
     cls = getattr(transformers, arch.config)

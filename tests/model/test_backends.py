@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -140,7 +141,7 @@ def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Pa
     assert record["calibration_from_cache"] is False
     assert first.fidelity.min >= (spec.int8_floor if first.backend.precision == "int8" else spec.float_floor)
     assert first.token_budget in (256, 1024)
-    table = record["calibration_candidates"]
+    table = cast("list[dict[str, Any]]", record["calibration_candidates"])
     assert {row["mode"].split("@")[0] for row in table} >= {"torch/fp32"}
     chosen = [row for row in table if row["mode"] == first.mode.label]
     fastest = max(r["tokens_per_s"] for r in table if r["fidelity"] and r["fidelity"]["min"] >= r["floor"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -153,7 +155,7 @@ def test_sports_closer_to_sports_than_cooking(minilm: TextEncoder) -> None:
     ("backend", "precision"),
     [("torch", "int8"), ("openvino", "int8"), ("openvino", "fp32"), ("openvino", "bf16"), ("torch", "bf16")],
 )
-def test_other_modes_against_sentence_transformers(reference: np.ndarray, backend: str, precision: str, tmp_path) -> None:
+def test_other_modes_against_sentence_transformers(reference: np.ndarray, backend: str, precision: str, tmp_path: Path) -> None:
     """Each mode meets its floor on this corpus too (the shortest texts are the worst case for int8)."""
     import torch
 

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -101,7 +102,7 @@ def run_row(run_id: str, run_date: date | str, n: int = 3) -> dict[str, object]:
 
 
 def publish(
-    wh: Warehouse, run_id: str, run_date: date | str, n: int = 3, before_commit: Callable[[str], object] | None = None
+    wh: Warehouse, run_id: str, run_date: date | str, n: int = 3, before_commit: Callable[[str], None] | None = None
 ) -> None:
     """Record and publish a run with n items and two users."""
     wh.record_run(run_row(run_id, run_date, n))
@@ -223,6 +224,11 @@ def test_analyst_reads_never_see_a_half_published_run(backend: Backend, tmp_path
     """A reader process polls the latest views while runs of different sizes are published (one fails)."""
     wh = backend.open()
     publish(wh, "r0", date(2026, 11, 1), n=10)
+
+    def slow_then_explode(_latest: str) -> None:
+        time.sleep(0.3)
+        explode()
+
     stop = tmp_path / "stop"
     reader = subprocess.Popen([sys.executable, "-c", READER, backend.location, str(stop)], stdout=subprocess.PIPE, text=True)
     assert reader.stdout is not None and reader.stdout.readline().strip() == "polling"
@@ -232,7 +238,7 @@ def test_analyst_reads_never_see_a_half_published_run(backend: Backend, tmp_path
             publish(wh, f"r{day}", date(2026, 11, day), n=n, before_commit=lambda _latest: time.sleep(0.2))
             time.sleep(0.2)  # DuckDB: a window for the reader, which cannot open the file during a publication
         with pytest.raises(RuntimeError):
-            publish(wh, "bad", date(2026, 11, 20), n=999, before_commit=lambda _latest: (time.sleep(0.3), explode()))
+            publish(wh, "bad", date(2026, 11, 20), n=999, before_commit=slow_then_explode)
         time.sleep(0.3)
     finally:
         stop.touch()
@@ -344,7 +350,7 @@ def test_retract_takes_back_a_publication_and_only_a_published_one(wh: Warehouse
     assert pointed == ["r1"] and one(wh, "select run_id from latest_run") == "r1"
     assert one(wh, "select count(*) from latest_item_scores") == 2
     assert statuses(wh) == {"r1": "published", "r2": "failed"}
-    assert "partitions failed" in one(wh, "select message from scoring_runs where run_id = 'r2'")
+    assert "partitions failed" in cast("str", one(wh, "select message from scoring_runs where run_id = 'r2'"))
     assert wh.retract("r2", "again", before_commit=pointed.append) == "r1" and pointed == ["r1"]  # not published: untouched
     with pytest.raises(RuntimeError):
         wh.retract("r1", "boom", before_commit=explode)

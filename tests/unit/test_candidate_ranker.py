@@ -61,7 +61,10 @@ def test_lightgbm_is_deterministic_for_a_seed(rows: Rows) -> None:
 
 def test_rerank_orders_by_score_and_keeps_empty_slots_last() -> None:
     class ByFirst:
-        kind, feature_names, metrics = "test", ("f",), {}
+        def __init__(self) -> None:
+            self.kind = "test"
+            self.feature_names: tuple[str, ...] = ("f",)
+            self.metrics: dict[str, float] = {}
 
         def predict(self, x: np.ndarray) -> np.ndarray:
             return x[:, 0]

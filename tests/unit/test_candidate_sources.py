@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from models.retrieval import ItemChunks
 from models.sources.als import AlsParams, fit_als
-from models.sources.base import Catalogue, EncodedLog, History, encode_run, history_of, user_item_matrix
+from models.sources.base import Catalogue, EncodedLog, History, Source, encode_run, history_of, user_item_matrix
 from models.sources.content import fit_content
 from models.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence, user_sequences
 from models.sources.popularity import fit_most_popular, fit_topic_trending, fit_trending, trending_scores
@@ -19,7 +20,9 @@ NOW = datetime(2026, 11, 1, tzinfo=UTC)
 WEIGHTS = {"view": 1.0, "click": 2.0, "purchase": 4.0}
 
 
-def _frames(rows: list[tuple[str, str, str, float]], items: list[tuple[str, str, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _frames(
+    rows: Sequence[tuple[str, str, str, float]], items: Sequence[tuple[str, str, float]]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Return (items, interactions): items (id, topic, age days), interactions (user, item, event, age days)."""
     item_frame = pl.DataFrame(
         {
@@ -150,7 +153,7 @@ def test_als_ranks_the_co_consumed_item_first_and_is_deterministic() -> None:
     lists = first.recommend(probe, 3)["als"]
     assert _names(catalogue, lists.rows[0])[0] == "c"
     assert "a" not in _names(catalogue, lists.rows[0]) and "f" not in _names(catalogue, lists.rows[0])  # seen; no interactions
-    np.testing.assert_array_equal(first.model.item_factors, second.model.item_factors)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(first.model.item_factors, second.model.item_factors)
 
 
 def test_als_rejects_an_unknown_confidence() -> None:
@@ -176,7 +179,12 @@ def test_content_alone_reaches_the_item_with_no_interactions(co_case: tuple[Cata
     wider = fit_content(ItemChunks.of(vectors, 2), history, catalogue.created_us).recommend(np.array([0]), 3)
     assert sorted(_names(catalogue, wider["content_new"].rows[0])) == ["e", "f"]
     assert _names(catalogue, lists["content"].rows[1]) == []  # no history, no vector
-    others = [fit_cooccurrence(history), fit_trending(history), fit_topic_trending(history, catalogue), fit_als(history)]
+    others: list[Source] = [
+        fit_cooccurrence(history),
+        fit_trending(history),
+        fit_topic_trending(history, catalogue),
+        fit_als(history),
+    ]
     for other in others:
         for found in other.recommend(np.arange(catalogue.n_users), 6).values():
             assert catalogue.item_ids.to_list().index("f") not in found.rows

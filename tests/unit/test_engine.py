@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -184,7 +186,7 @@ def test_pooling_modes_ignore_padding(mode: str) -> None:
     np.testing.assert_allclose(pool(hidden.numpy(), mask.numpy(), mode, normalize=True)[0], unit, rtol=1e-6)
 
 
-def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path) -> None:
+def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path: Path) -> None:
     from models.encoder import spec_version
 
     spec = EncoderSpec(kind="tiny", cache_dir=str(tmp_path))
