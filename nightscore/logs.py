@@ -32,7 +32,7 @@ class RunNameFilter(logging.Filter):
 class OneLine(logging.Formatter):
     """Wraps a handler's formatter so a record renders without its traceback (all, or expected failures only).
 
-    The record itself is left as it was: other handlers (the log file) still see the traceback.
+    The record itself is never changed: other handlers (the log file) still see the traceback.
     """
 
     def __init__(self, inner: logging.Formatter | None, expected_only: bool) -> None:
@@ -45,12 +45,10 @@ class OneLine(logging.Formatter):
         error = record.exc_info[1] if record.exc_info else None
         if error is None or (self.expected_only and not is_expected(error)):
             return self.inner.format(record)
-        saved = record.exc_info, record.exc_text, record.stack_info
-        record.exc_info = record.exc_text = record.stack_info = None
-        try:
-            return self.inner.format(record)
-        finally:
-            record.exc_info, record.exc_text, record.stack_info = saved
+        # a copy: other handlers may format the same record at the same time in their own threads (Prefect's API log
+        # worker does), so it is never changed, not even for a moment
+        bare = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None, "stack_info": None})
+        return self.inner.format(bare)
 
 
 def log_file_path(logs_dir: Path, command: str) -> Path:

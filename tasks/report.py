@@ -121,7 +121,7 @@ def previous_scores(lake: Lake, warehouse: Warehouse, run: RunRef) -> tuple[str,
 
 
 def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict[str, bytes]:
-    """Return the run's PNG plots by title: topic distribution, token lengths, topic_score vs the previous run."""
+    """Return the run's PNG plots by title: topics, token lengths, topic_score vs the previous run, candidate quality."""
     scores = lake.read_parquet(stages.scored.uri, "item_scores", columns=["topic", "topic_score"])
     shares = scores.group_by("topic").len().sort("len", descending=True)
     lengths = lake.read_parquet(stages.plan.plan_uri, "plan", columns=["token_count"]).get_column("token_count").to_numpy()

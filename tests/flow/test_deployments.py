@@ -234,7 +234,7 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
     by_key = {a["key"]: a for a in artifacts}
     assert {"on-demand-summary", "on-demand-stage-timings", "on-demand-encode-progress"} <= set(by_key)
     summary = by_key["on-demand-summary"]["data"]
-    assert summary.count("data:image/png;base64,") == 3 and rows[0][0] in summary and "cost per 1k items" in summary
+    assert summary.count("data:image/png;base64,") == 4 and rows[0][0] in summary and "cost per 1k items" in summary
     assert by_key["on-demand-encode-progress"]["data"] == 100
     assert {r["stage"] for r in json.loads(by_key["on-demand-stage-timings"]["data"])} >= {"ingest", "encode", "publish"}
 

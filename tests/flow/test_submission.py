@@ -65,7 +65,9 @@ def worker(deployed: dict[str, Any]) -> Iterator[None]:
 
 def create(api: str, name: str, parameters: dict[str, Any], **extra: Any) -> httpx.Response:
     """POST create_flow_run to a deployment by name; return the response."""
-    deployment = httpx.get(f"{api}/deployments/name/{name}/{name}", timeout=10).json()
+    found = httpx.get(f"{api}/deployments/name/{name}/{name}", timeout=10)
+    assert found.status_code == 200, f"deployment {name}: {found.status_code} {found.text[:500]}"
+    deployment = found.json()
     return httpx.post(
         f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": parameters, **extra}, timeout=10
     )
