@@ -184,14 +184,15 @@ def run_train_ranker(
 @app.command("serve")
 def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535), host: str = typer.Option("127.0.0.1", "--host"),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each loads and warms up its own app)."),
     home: Path | None = HomeOption,
 ) -> None:
-    """Serve GET /v1/users/{user_id}/recommendations from the cache with the lake's current ranker."""
+    """Serve GET /v1/users/{user_id}/recommendations and POST /v1/events from the cache with each run's ranker."""
     cfg = _settings(home, "serve")
     from serving.app import run_server
     from serving.config import serving_config
 
-    run_server(serving_config(cfg), host=host, port=port)
+    run_server(serving_config(cfg), host=host, port=port, workers=workers)
 
 
 @app.command("query")

@@ -6,8 +6,10 @@ the lake, one encoded entry per user. One test runs its own redis-server, stops 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,9 @@ from nightscore.settings import Settings
 from serving.app import create_app
 from serving.config import ServingConfig, serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache
+from storage.cache_async import Found, SqliteReader
 from storage.candidate_payload import decode_entry
+from storage.events import SqliteEvents
 from tests.service.conftest import REDIS_URL, K, Served, free_port, publish
 
 WAIT_S = 20.0  # deadlock guard only
@@ -179,6 +183,41 @@ def test_overload_is_429(cache: CandidateCache, location: tuple[str, str], serve
         assert response.status_code == 429 and response.json()["error"] == "Overloaded"
         assert client.get("/healthz").status_code == 200  # probes are never refused
         assert 'endpoint="recommendations",status="429"} 1.0' in client.get("/metrics").text
+
+
+class BlockingReader(SqliteReader):
+    """The real SQLite read path, held until released: a request that stays in flight on demand."""
+
+    def __init__(self, path: str, prefix: str) -> None:
+        super().__init__(SqliteCache(path, prefix), None)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    async def read(self, user_id: str) -> Found:
+        self.entered.set()
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+        return await super().read(user_id)
+
+
+def test_requests_beyond_max_in_flight_are_429(served: Served, tmp_path: Path) -> None:
+    path = str(tmp_path / "cache.sqlite")
+    with SqliteCache(path, "nstest") as cache:
+        publish(cache, "r1", served.entries)
+    blocking = BlockingReader(path, "nstest")
+    app = create_app(
+        config_for(served, path, "nstest", max_in_flight=1), stores=lambda: (blocking, SqliteEvents(path, 60.0, 100))
+    )
+    url = f"/v1/users/{sorted(served.entries)[0]}/recommendations"
+    with TestClient(app) as client:
+        first: dict[str, int] = {}
+        worker = threading.Thread(target=lambda: first.update(status=client.get(url).status_code))
+        worker.start()
+        assert blocking.entered.wait(WAIT_S)
+        assert client.get(url).status_code == 429
+        blocking.release.set()
+        worker.join(WAIT_S)
+        assert first == {"status": 200}
+        assert client.get(url).status_code == 200
 
 
 @pytest.fixture
