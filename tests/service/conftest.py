@@ -79,17 +79,15 @@ def _write_run(lake: Lake, run_id: str, scorer: Scorer, fallback: tuple[list[str
     publish_serving(lake, run_id, serving, latest=True)
 
 
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
-    """Run the candidate stage on demo data (400 items, 120 users) and write runs r1, r2 into a lake."""
-    items, interactions = generate_demo_data(400, 120, seed=0)
+def build_served(lake_root: Path, n_items: int = 400, n_users: int = 120, k: int = K) -> Served:
+    """Run the candidate stage on demo data and write runs r1, r2 into the lake at lake_root (benchmarks use it too)."""
+    items, interactions = generate_demo_data(n_items, n_users, seed=0)
     catalogue, log = encode_run(items, interactions)
     vectors = np.stack(hashed_text_vectors(items)["embedding"].to_list()).astype(np.float32)
-    chunks = ItemChunks.of(vectors, 512)
     config = CandidateConfig(
-        k=K, per_source=K, grid=TuningGrid(weights=(1.0,), rrf_k=(60.0,), rounds=1), ranker=RankerParams(rounds=30, threads=1)
+        k=k, per_source=k, grid=TuningGrid(weights=(1.0,), rrf_k=(60.0,), rounds=1), ranker=RankerParams(rounds=30, threads=1)
     )
-    split = time_split(log, config.holdout_share)
+    chunks, split = ItemChunks.of(vectors, 512), time_split(log, config.holdout_share)
     tuned = tune(catalogue, log, chunks, config, split)
     report = evaluate(catalogue, log, chunks, config, split, tuned)
     assert report.scorer is not None
@@ -103,11 +101,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     trending = trending_scores(final.history, config.popularity.trend_half_life_days)
     top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
     fallback = (catalogue.item_ids.gather(top).to_list(), [float(v) for v in trending[top]])
-    lake_root = tmp_path_factory.mktemp("lake")
-    computed_at = DEMO_BASE_TIME.isoformat()
     for run_id in RUN_IDS:
-        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, computed_at)
-    return Served(lake_root, report.scorer, entries, fallback[0], computed_at)
+        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat())
+    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat())
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """Return the served run on demo data (400 items, 120 users, K=30)."""
+    return build_served(tmp_path_factory.mktemp("lake"))
 
 
 @pytest.fixture
