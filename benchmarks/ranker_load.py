@@ -70,7 +70,7 @@ def drop_keys(redis_url: str, prefix: str) -> int:
 
 
 def start_server(
-    folder: Path, args: argparse.Namespace, prefix: str, port: int, workers: int, batching: bool
+    folder: Path, args: argparse.Namespace, prefix: str, port: int, workers: int, batching: bool, delay_us: str
 ) -> subprocess.Popen:
     """Start `nightscore serve` on the benchmark's lake and Redis prefix."""
     env = {
@@ -84,6 +84,8 @@ def start_server(
         "NIGHTSCORE_SERVING_EVENTS_MAX": "10000000",
         "PYTHONPATH": str(ROOT),
     }
+    if delay_us:
+        env["NIGHTSCORE_SERVING_MAX_QUEUE_DELAY_US"] = delay_us
     cmd = [str(Path(sys.executable).with_name("nightscore")), "serve", "--port", str(port), "--workers", str(workers)]
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(folder / f"serve-{port}.log", "wb"), start_new_session=True
@@ -328,7 +330,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         nargs="+",
-        default=["per-request:1", "batching:1", "per-request:2", "batching:2"],
+        default=["per-request:1", "batching:1", "batching@1000:1", "per-request:2", "batching:2"],
         help="scoring:workers pairs to compare",
     )
     parser.add_argument("--drive", type=Path, help=argparse.SUPPRESS)
@@ -363,8 +365,9 @@ def measure_rate(args: argparse.Namespace, port: int, users_file: Path, rate: fl
 def measure_config(args: argparse.Namespace, folder: Path, prefix: str, users_file: Path, config: str) -> list[dict]:
     """Start one server configuration, measure every rate against it, stop it; return its rows."""
     scoring, workers = config.split(":")
+    scoring, _, delay_us = scoring.partition("@")  # batching@500: a max queue delay of 500 us
     port = free_port()
-    server = start_server(folder, args, prefix, port, int(workers), scoring == "batching")
+    server = start_server(folder, args, prefix, port, int(workers), scoring == "batching", delay_us)
     rows = []
     try:
         wait_ready(port, server)
@@ -373,7 +376,12 @@ def measure_config(args: argparse.Namespace, folder: Path, prefix: str, users_fi
             before = rss_mb(server.pid)
             row = measure_rate(args, port, users_file, rate)
             rows.append(
-                {**row, "config": f"{scoring}, {workers} worker(s)", "rss_before": before, "rss_after": rss_mb(server.pid)}
+                {
+                    **row,
+                    "config": f"{scoring}{'@' + delay_us + 'us' if delay_us else ''}, {workers}w",
+                    "rss_before": before,
+                    "rss_after": rss_mb(server.pid),
+                }
             )
             log.info("%s at %.0f/s: p99 %.2f ms, %.0f/s answered", config, rate, row["p99"], row["achieved"])
     finally:

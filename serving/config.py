@@ -36,7 +36,11 @@ class ServingConfig(BaseSettings):
     blas_threads: int = Field(1, ge=1, description="BLAS/OpenMP threads of the ranker's forward pass (small matrices: 1).")
     batching: bool = Field(True, description="Score concurrent requests in one model call (False: one call per request).")
     max_batch: int = Field(32, ge=1, description="Most requests scored in one model call.")
-    max_queue_delay_us: int = Field(2000, ge=0, description="Longest a request waits for others to join its batch (us).")
+    max_queue_delay_us: int = Field(
+        0,
+        ge=0,
+        description="Longest a request waits for others to join its batch, us (0: those ready in the same loop turn).",
+    )
     cache_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of a Redis cache read (then: fallback).")
     cache_pool_size: int = Field(64, ge=1, description="Redis connections per worker.")
     events_retention_s: float = Field(172_800.0, gt=0, description="How long events are kept (stream trim, recent items).")

@@ -75,8 +75,8 @@ class RunServing:
     computed_at: float = 0.0  # epoch s of the run's reference time: events after it are newer than its candidates
 
 
-def load_run(lake: Lake, run_id: str) -> RunServing:
-    """Return a published run's serving artifacts, read from the lake.
+def load_run(lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None) -> RunServing:
+    """Return a published run's serving artifacts, read from the lake (a ranker version in scorers is not re-read).
 
     Raises:
         ModelLoadError: the run has no serving.json, or its ranker cannot be read.
@@ -86,7 +86,8 @@ def load_run(lake: Lake, run_id: str) -> RunServing:
         if serving is None:
             raise ModelLoadError(f"run {run_id} has no serving.json in the lake")
         version = serving.get("ranker_version")
-        scorer = scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None
+        known = (scorers or {}).get(version or "")
+        scorer = known or (scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None)
     except (NightscoreError, OSError) as exc:
         raise ModelLoadError(f"cannot load what run {run_id} serves with: {exc}") from exc
     computed = serving.get("computed_at")
@@ -132,7 +133,9 @@ class RunStore:
             return keep
 
     def _load(self, run_id: str) -> RunServing:
-        run = load_run(self._lake, run_id)
+        with self._lock:  # a refresh re-reads serving.json only: rebuilding a booster would hold the GIL for ms
+            scorers = {r.version: r.scorer for r in self._runs.values() if r.version and r.scorer is not None}
+        run = load_run(self._lake, run_id, scorers)
         with self._lock:
             self._runs[run_id] = run
             for old in list(self._runs)[:-RUNS_KEPT]:
