@@ -258,6 +258,40 @@ def cache_rollback(home: Path | None = HomeOption) -> None:
     typer.echo(f"rolled back {rolled_back}; latest is now {latest} (warehouse views and cache pointer)")
 
 
+events_app = typer.Typer(no_args_is_help=True, help="The online service's interaction events.")
+app.add_typer(events_app, name="events")
+
+
+@events_app.command("export")
+def events_export(
+    run_date: str = typer.Option(..., "--run-date", help="UTC day (YYYY-MM-DD) whose events are written."),
+    home: Path | None = HomeOption,
+) -> None:
+    """Write a day's events to the lake (events/date=D/interactions.parquet): the nightly runs of D and D+1 read them."""
+    cfg = _settings(home, "events-export")
+    import asyncio
+    from datetime import date
+
+    from serving.config import serving_config
+    from storage.cache_async import open_stores
+    from storage.events import export_day
+    from storage.resources import lake_for
+
+    day, options = date.fromisoformat(run_date), serving_config(cfg)
+
+    async def export() -> tuple[str | None, int]:
+        reader, store = open_stores(options.cache_location, options.cache_prefix, options.cache_timeout_s, 1,
+                                    options.events_retention_s, options.events_max)
+        try:
+            return await export_day(store, lake_for(cfg), day)
+        finally:
+            await store.close()
+            await reader.close()
+
+    uri, rows = asyncio.run(export())
+    typer.echo(f"exported {rows} events of {day} to {uri}" if uri else f"no events on {day}: nothing written")
+
+
 @app.command("prune")
 def prune(
     keep_runs: int | None = typer.Option(None, "--keep-runs", min=1, help="Keep the rows of the newest N published runs."),

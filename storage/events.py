@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
+import polars as pl
 import redis.asyncio as aioredis
 
 from nightscore.errors import CacheUnavailable, NightscoreError
+from storage.lake import Lake
 
 RECENT_PER_USER = 100  # recent items kept per user (what a request reads)
 EVENT_COLUMNS = ("user_id", "item_id", "event", "ts")
@@ -192,3 +194,35 @@ class RedisEvents(EventStore):
 def _text(value: bytes | str) -> str:
     """Return a Redis reply value as text."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def events_frame(events: list[Event]) -> pl.DataFrame:
+    """Return events as interactions rows (user_id, item_id, event, ts as UTC microseconds): the nightly input's columns."""
+    return pl.DataFrame(
+        {
+            "user_id": [e.user_id for e in events],
+            "item_id": [e.item_id for e in events],
+            "event": [e.event for e in events],
+            "ts": [int(e.ts * 1_000_000) for e in events],
+        },
+        schema={"user_id": pl.String(), "item_id": pl.String(), "event": pl.String(), "ts": pl.Int64()},
+    ).with_columns(pl.col("ts").cast(pl.Datetime("us", "UTC")))
+
+
+def partition_uri(lake: Lake, day: date) -> str:
+    """Return where one day's exported events live in the lake: events/date=YYYY-MM-DD/interactions.parquet."""
+    return lake.uri("events", f"date={day.isoformat()}", "interactions.parquet")
+
+
+def ingested_partitions(lake: Lake, run_date: date) -> list[str]:
+    """Return the event partitions a nightly run of run_date reads with its interactions: the day before and its own."""
+    days = (run_date - timedelta(days=1), run_date)
+    return [uri for uri in (partition_uri(lake, day) for day in days) if lake.exists(uri)]
+
+
+async def export_day(store: EventStore, lake: Lake, day: date) -> tuple[str | None, int]:
+    """Write a UTC day's events to the lake as interactions Parquet (partition_uri); return (uri or None if none, rows)."""
+    events = await store.day(day)
+    if not events:
+        return None, 0
+    return lake.write_parquet(events_frame(events), partition_uri(lake, day)), len(events)
