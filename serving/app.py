@@ -137,10 +137,13 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
 
     @app.get("/readyz")
     async def readyz() -> dict[str, str | None]:
-        """Return 200 when the cache answers and the model is loaded, else 503."""
-        if not await recommender.ready():
-            raise NotReady("candidate cache unreachable")
-        return {"status": "ready", "model_version": recommender.model_version}
+        """Return 200 when requests get answers (degraded: by the fallback while the cache is down), else 503."""
+        answers = await recommender.cache_answers()
+        metrics.degraded(not answers)
+        if not recommender.can_answer(answers):
+            raise NotReady("candidate cache unreachable and the fallback is off")
+        status = "ready" if answers else "degraded"
+        return {"status": status, "cache": "ok" if answers else "unavailable", "model_version": recommender.model_version}
 
     @app.get("/metrics")
     async def metrics_text() -> Response:
@@ -198,7 +201,7 @@ def create_app(config: ServingConfig, *, stores: Callable[[], Stores] | None = N
     """
     metrics = Metrics()
     scoring = scoring_for(config.batching, config.max_batch, config.max_queue_delay_us, metrics.batch)
-    with open_cache(config.cache_location, config.cache_prefix) as cache:  # the pointer names the first run
+    with open_cache(config.cache_location, config.cache_prefix, retries=0) as cache:  # the pointer names the first run
         recommender = build_recommender(config, cache, scoring, metrics.fallback)
     app = FastAPI(title="nightscore ranker", lifespan=_lifespan(config, recommender, stores))
     app.state.recommender, app.state.metrics = recommender, metrics

@@ -42,6 +42,7 @@ class ServingConfig(BaseSettings):
         description="Longest a request waits for others to join its batch, us (0: those ready in the same loop turn).",
     )
     cache_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of a Redis cache read (then: fallback).")
+    breaker_open_s: float = Field(1.0, ge=0, description="After a cache failure, requests skip the cache this long.")
     cache_pool_size: int = Field(64, ge=1, description="Redis connections per worker.")
     events_retention_s: float = Field(172_800.0, gt=0, description="How long events are kept (stream trim, recent items).")
     events_max: int = Field(1_000_000, ge=1, description="Events held at most; more are refused with 429 until exported.")

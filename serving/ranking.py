@@ -23,6 +23,7 @@ import numpy as np
 from models.ranker_models import Scorer, scorer_from_bytes
 from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
 from serving.batcher import Scoring
+from serving.breaker import Breaker
 from serving.config import ServingConfig
 from storage.artifacts import latest_serving_run, read_scorer_bytes, read_serving
 from storage.cache import CandidateCache
@@ -154,9 +155,11 @@ class Recommender:
         fallback_on_cache_error: bool = True,
         on_fallback: Callable[[str], None] = lambda reason: None,
         exclude_recent: bool = True,
+        breaker_open_s: float = 1.0,
     ) -> None:
         self.runs, self.scoring, self.exclude_recent = runs, scoring, exclude_recent
         self.reader: CacheReader | None = None  # opened in the worker's event loop (serving.app's lifespan)
+        self.breaker = Breaker(breaker_open_s)
         self.fallback_on_cache_error = fallback_on_cache_error
         self._on_fallback = on_fallback
 
@@ -172,8 +175,7 @@ class Recommender:
             CacheUnavailable: the cache is down and fallback_on_cache_error is off.
         """
         try:
-            with self.scoring.arriving():
-                found = await self._reader().read(user_id)  # pointer and entry of one run: a switch applies at once
+            found = await self._read(user_id)
         except CacheUnavailable as exc:
             if not self.fallback_on_cache_error:
                 raise
@@ -186,10 +188,22 @@ class Recommender:
             return self.popular(user_id, n, "unknown_user", run)
         return await self.rank(user_id, n, run, found)
 
-    def _reader(self) -> CacheReader:
-        if self.reader is None:
-            raise CacheUnavailable("the cache reader is not open (the service has not started)")
-        return self.reader
+    async def _read(self, user_id: str) -> Found:
+        """Return the user's read through the circuit breaker (pointer and entry of one run: a switch applies at once).
+
+        Raises:
+            CacheUnavailable: the cache failed, or failed recently (the circuit is open).
+        """
+        if self.reader is None or not self.breaker.allow():
+            raise CacheUnavailable("candidate cache skipped: it failed recently (circuit open) or is not open yet")
+        try:
+            with self.scoring.arriving():
+                found = await self.reader.read(user_id)
+        except CacheUnavailable:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        return found
 
     async def rank(self, user_id: str, n: int, run: RunServing, found: Found) -> Recommendation:
         """Return the top n of one run's cache entry by its ranker's score (ties keep the candidates' order)."""
@@ -231,9 +245,16 @@ class Recommender:
         if scorer is not None:
             await self.scoring.score(scorer, np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
 
-    async def ready(self) -> bool:
-        """Return True when the cache answers (the ranker is loaded at construction)."""
-        return self.reader is not None and await self.reader.ping()
+    async def cache_answers(self) -> bool:
+        """Return True when the cache answers a ping now (closing the circuit if it does)."""
+        answers = self.reader is not None and await self.reader.ping()
+        if answers:
+            self.breaker.succeeded()
+        return answers
+
+    def can_answer(self, cache_answers: bool) -> bool:
+        """Return True when requests get answers: the cache answers, or the fallback covers it (degraded)."""
+        return cache_answers or self.fallback_on_cache_error
 
 
 def first_run(cache: CandidateCache, lake: Lake) -> str:
@@ -263,4 +284,4 @@ def build_recommender(
     lake = Lake(config.lake_root, config.lake_options)
     runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s)
     log.info("serving run %s with ranker %s", runs.latest.run_id, runs.latest.version)
-    return Recommender(runs, scoring, config.fallback, on_fallback, config.exclude_recent)
+    return Recommender(runs, scoring, config.fallback, on_fallback, config.exclude_recent, config.breaker_open_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -167,6 +168,7 @@ def test_unreachable_cache_is_503_without_fallback(served: Served) -> None:
         assert response.status_code == 503 and response.json()["error"] == "CacheUnavailable"
         assert response.headers["retry-after"] == "1"
         assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 503  # no fallback: this replica cannot answer
 
 
 def test_unreachable_cache_falls_back_to_trending_when_configured(served: Served) -> None:
@@ -175,6 +177,29 @@ def test_unreachable_cache_falls_back_to_trending_when_configured(served: Served
         body = recommend(client, "user-00001", n=3)
         assert body["fallback"] == "popular" and body["reason"] == "cache_unavailable"
         assert [item["item_id"] for item in body["items"]] == served.fallback[:3]
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded" and ready.json()["cache"] == "unavailable"
+        assert "nightscore_degraded 1.0" in client.get("/metrics").text
+
+
+@pytest.fixture
+def hung_redis() -> Iterator[str]:
+    """Yield the URL of a TCP server that accepts connections and never answers (a hung Redis)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    listener.close()
+
+
+def test_a_hung_cache_costs_one_timeout_per_breaker_period_not_per_request(served: Served, hung_redis: str) -> None:
+    config = config_for(served, hung_redis, "nstest-hung", cache_timeout_s=0.3, breaker_open_s=30.0)
+    with TestClient(create_app(config)) as client:
+        started = time.perf_counter()
+        bodies = [recommend(client, f"user-{i:05d}") for i in range(20)]
+        elapsed = time.perf_counter() - started
+    assert {b["reason"] for b in bodies} == {"cache_unavailable"}
+    assert elapsed < 0.3 * 3, f"{elapsed:.2f} s for 20 requests: the breaker did not open"
 
 
 def test_overload_is_429(cache: CandidateCache, location: tuple[str, str], served: Served) -> None:
@@ -264,8 +289,10 @@ def test_redis_stopped_and_restarted_mid_test(own_redis: dict[str, Any], served:
             own_redis["stop"]()
             down = recommend(client, user_id)
             assert down["fallback"] == "popular" and down["reason"] == "cache_unavailable"
+            assert client.get("/readyz").json()["status"] == "degraded"  # the fallback answers: stay in the balancer
             own_redis["start"]()
-            wait_until(lambda: client.get("/readyz").status_code == 200, "readiness after the restart")
+            wait_until(lambda: client.get("/readyz").json()["status"] == "ready", "readiness after the restart")
+            assert recommend(client, user_id)["reason"] == "no_candidates_version"  # back, but empty: not "unknown"
             publish(cache, "r1", served.entries)  # started without persistence: the data is gone
             back = recommend(client, user_id)
             assert back["fallback"] is None and back["run_id"] == "r1"
