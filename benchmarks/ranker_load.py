@@ -1,13 +1,14 @@
-"""Load benchmark of the online ranker: open-loop fixed rates against uvicorn on loopback, one table out.
+"""Load benchmark of the online ranker: open-loop fixed rates against `nightscore serve` on loopback, one table out.
 
-It trains a ranker on the demo data, writes its model and feature files to a temporary folder, publishes
-the demo candidates to Redis under its own key prefix, starts the service (uvicorn, one process) on a free
-loopback port, then for each rate drives it from a separate process for a bounded time. The driver is
-open-loop: request i is due at start + i / rate whatever happened before, and its latency runs from that
-due time (queueing in the driver counts, so a saturated server shows as latency, not as a lower rate).
-Keys and files are removed at the end. Usage:
+It builds a served run (the candidate stage on demo data, tests/service/conftest.build_served), publishes its
+entries to Redis under its own key prefix, then for each configuration (per-request scoring or dynamic batching,
+1 or 2 uvicorn workers) starts `nightscore serve` on a free port and drives it at each offered rate from a
+separate process. wrk/wrk2 are not installed here, so the driver is an open-loop asyncio generator: request i is
+due at start + i / rate whatever happened before, and its latency runs from that due time (queueing in the driver
+counts, so a saturated server shows as latency, not as a lower rate); "send lag" says when the driver itself fell
+behind. The mix: known users, unknown users, a few event posts. Keys and files are removed at the end. Usage:
 
-    python benchmarks/ranker_load.py [--rates 100 300 1000] [--duration 10] [--redis URL] [--users 500]
+    python benchmarks/ranker_load.py [--rates 100 300 1000 2000] [--duration 5] [--configs batching:2]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,16 +27,14 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("bench")
-HALF_LIFE_DAYS = 14.0
 READY_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 15.0
@@ -42,80 +42,78 @@ IDLE_REUSE_S = 4.0  # below uvicorn's 5 s keep-alive timeout: never send on a co
 
 
 # --------------------------------------------------------------------------------------------
-# Preparation: model, feature files, published candidates
+# Preparation: a served run (candidate stage on demo data), published to Redis
 # --------------------------------------------------------------------------------------------
 
 
-def prepare(
-    folder: Path, redis_url: str, prefix: str, n_items: int, n_users: int, top_k: int
-) -> tuple[Path, list[str], dict[str, float]]:
-    """Train and save the ranker, write the feature tables, publish candidates; return (config file, users, metrics)."""
-    from models.ranker import (
-        embedding_retrieval,
-        hashed_text_vectors,
-        item_features,
-        retrieval_candidates,
-        save_ranker,
-        train_ranker,
-        user_topic_affinity,
-    )
-    from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
-    from nightscore.settings import DEFAULT_EVENT_WEIGHTS, Settings
-    from serving.config import serving_config
-
-    items, interactions = generate_demo_data(n_items, n_users)
-    scores = items.select("item_id", "topic", pl.Series("topic_score", np.random.default_rng(0).uniform(0.4, 1.0, items.height)))
-    vectors = hashed_text_vectors(items)
-    model = train_ranker(items, interactions, scores, embedding_retrieval(vectors, DEFAULT_EVENT_WEIGHTS, HALF_LIFE_DAYS))
-    table = item_features(items, interactions, scores, DEMO_BASE_TIME)
-    table.write_parquet(folder / "item_features.parquet")
-    user_topic_affinity(interactions, table, DEMO_BASE_TIME).write_parquet(folder / "user_features.parquet")
-    candidates = retrieval_candidates(vectors, interactions, DEMO_BASE_TIME, top_k, DEFAULT_EVENT_WEIGHTS, HALF_LIFE_DAYS)
-    users = publish(candidates, redis_url, prefix)
-    config = serving_config(Settings(cache_url=redis_url, cache_prefix=prefix), save_ranker(model, folder / "ranker.pt"),
-                            folder / "item_features.parquet", folder / "user_features.parquet", max_in_flight=512)
-    path = folder / "serving.json"
-    path.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}))
-    return path, users, model.metrics
-
-
-def publish(candidates: pl.DataFrame, redis_url: str, prefix: str) -> list[str]:
-    """Publish run 'bench' of the candidates frame with the real RedisCache; return the user ids."""
+def prepare(folder: Path, redis_url: str, prefix: str, n_items: int, n_users: int, top_k: int) -> list[str]:
+    """Build a served run in folder/lake (tests/service/conftest.build_served) and publish it to Redis; return its users."""
     from storage.cache import RedisCache
-    from storage.candidate_payload import encode_candidates
+    from tests.service.conftest import build_served, publish
 
-    grouped = candidates.sort("user_id", "rank").group_by("user_id", maintain_order=True).agg("item_id", "score")
+    served = build_served(folder / "lake", n_items, n_users, top_k)
     with RedisCache(redis_url, prefix) as cache:
-        cache.write_version("bench", ((u, encode_candidates(ids, s)) for u, ids, s in grouped.iter_rows()))
-        cache.switch_current("bench")
-    return grouped.get_column("user_id").to_list()
+        publish(cache, "r1", served.entries)
+    return sorted(served.entries)
 
 
 def drop_keys(redis_url: str, prefix: str) -> int:
-    """Delete every key of the benchmark's prefix; return how many."""
+    """Delete every key under the prefix; return how many."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    deleted = client.unlink(*keys) if keys else 0
+    if keys:
+        client.unlink(*keys)
     client.close()
-    return deleted
+    return len(keys)
 
 
-# --------------------------------------------------------------------------------------------
-# Server process
-# --------------------------------------------------------------------------------------------
+def start_server(
+    folder: Path, args: argparse.Namespace, prefix: str, port: int, workers: int, batching: bool, delay_us: str
+) -> subprocess.Popen:
+    """Start `nightscore serve` on the benchmark's lake and Redis prefix."""
+    env = {
+        **os.environ,
+        "NIGHTSCORE_HOME": str(folder / "home"),
+        "NIGHTSCORE_LAKE_URL": str(folder / "lake"),
+        "NIGHTSCORE_CACHE_URL": args.redis,
+        "NIGHTSCORE_CACHE_PREFIX": prefix,
+        "NIGHTSCORE_SERVING_BATCHING": str(batching).lower(),
+        "NIGHTSCORE_SERVING_MAX_IN_FLIGHT": "512",
+        "NIGHTSCORE_SERVING_EVENTS_MAX": "10000000",
+        "PYTHONPATH": str(ROOT),
+    }
+    if delay_us:
+        env["NIGHTSCORE_SERVING_MAX_QUEUE_DELAY_US"] = delay_us
+    cmd = [str(Path(sys.executable).with_name("nightscore")), "serve", "--port", str(port), "--workers", str(workers)]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(folder / f"serve-{port}.log", "wb"), start_new_session=True
+    )
 
 
-def serve(config_path: Path, port: int) -> None:
-    """Run the service from a ServingConfig JSON file (the server subprocess)."""
-    from serving.app import run_server
-    from serving.config import ServingConfig
+def rss_mb(pid: int) -> float:
+    """Return the resident memory of a process and its descendants (MiB), from /proc."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
 
-    raw = json.loads(config_path.read_text())
-    for key in ("model_path", "item_features_path", "user_features_path"):
-        raw[key] = None if raw[key] is None else Path(raw[key])
-    run_server(ServingConfig(**raw), "127.0.0.1", port, log_level="warning")
+
+def cpu_flags() -> str:
+    """Return the CPU model and its flags that matter for numpy/LightGBM (SIMD), from /proc/cpuinfo."""
+    text = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    simd = [f for f in flags if f.startswith(("sse", "ssse", "avx", "fma", "f16c", "bmi", "amx"))]
+    return f"{model}; {os.cpu_count()} CPUs; SIMD flags: {' '.join(simd)}"
 
 
 def free_port() -> int:
@@ -165,12 +163,12 @@ class Pool:
         self.opened += 1
         return await asyncio.open_connection("127.0.0.1", self.port)
 
-    async def get(self, path: bytes) -> tuple[int, bytes]:
-        """Send one GET on an idle (or new) connection; return (status, body)."""
+    async def get(self, path: bytes, body: bytes | None = None) -> tuple[int, bytes]:
+        """Send one GET (or a POST of body) on an idle (or new) connection; return (status, body)."""
         async with self.slots:
             reader, writer = await self._connection()
             try:
-                status, body, keep = await _exchange(reader, writer, path)
+                status, answer, keep = await _exchange(reader, writer, path, body)
             except BaseException:
                 writer.close()  # a half-read response leaves the connection unusable
                 raise
@@ -178,12 +176,20 @@ class Pool:
                 self.idle.append((reader, writer, asyncio.get_running_loop().time()))
             else:
                 writer.close()
-            return status, body
+            return status, answer
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes) -> tuple[int, bytes, bool]:
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes, body: bytes | None
+) -> tuple[int, bytes, bool]:
     """Write one request, read one response; return (status, body, connection reusable)."""
-    writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    if body is None:
+        writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    else:
+        writer.write(
+            b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
@@ -191,11 +197,11 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return int(lines[0].split()[1]), body, headers.get("connection", "").lower() != "close"
 
 
-async def _one(pool: Pool, path: bytes, due: float) -> tuple[str, float, bool]:
+async def _one(pool: Pool, request: tuple[bytes, bytes | None], due: float) -> tuple[str, float, bool]:
     """Run one request due at `due` (loop time); return (status or error name, latency from due, fallback)."""
     loop = asyncio.get_running_loop()
     try:
-        status, body = await asyncio.wait_for(pool.get(path), REQUEST_TIMEOUT_S)
+        status, body = await asyncio.wait_for(pool.get(*request), REQUEST_TIMEOUT_S)
         outcome, fallback = str(status), b'"fallback":"popular"' in body
     except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
         outcome, fallback = type(exc).__name__, False
@@ -205,7 +211,7 @@ async def _one(pool: Pool, path: bytes, due: float) -> tuple[str, float, bool]:
 async def drive(port: int, rate: float, duration: float, users: list[str], n: int, connections: int) -> dict[str, object]:
     """Send rate x duration requests on schedule; return the outcomes, latencies and the driver's own lag."""
     pool, loop = Pool(port, connections), asyncio.get_running_loop()
-    paths = [f"/v1/users/{u}/recommendations?n={n}".encode() for u in users]
+    paths = mix(users, n)
     start, tasks, max_lag = loop.time() + 0.1, [], 0.0
     for i in range(int(rate * duration)):
         due = start + i / rate
@@ -217,9 +223,38 @@ async def drive(port: int, rate: float, duration: float, users: list[str], n: in
     for task in pending:
         task.cancel()
     results = [t.result() for t in done]
-    return {"rate": rate, "sent": len(tasks), "unfinished": len(pending), "elapsed": loop.time() - start,
-            "outcomes": [r[0] for r in results], "latencies": [r[1] for r in results],
-            "fallbacks": sum(r[2] for r in results), "max_send_lag": max_lag, "connections": pool.opened}
+    return {
+        "rate": rate,
+        "sent": len(tasks),
+        "unfinished": len(pending),
+        "elapsed": loop.time() - start,
+        "outcomes": [r[0] for r in results],
+        "latencies": [r[1] for r in results],
+        "fallbacks": sum(r[2] for r in results),
+        "max_send_lag": max_lag,
+        "connections": pool.opened,
+    }
+
+
+def mix(users: list[str], n: int) -> list[tuple[bytes, bytes | None]]:
+    """Return the request mix, cycled: 88% known users, 10% unknown users, 2% event posts (clicks)."""
+    out: list[tuple[bytes, bytes | None]] = []
+    for i in range(1000):
+        user = users[(i * 7919) % len(users)]
+        if i % 50 == 7:
+            body = json.dumps(
+                {
+                    "user_id": user,
+                    "item_id": f"item-{i:06d}",
+                    "event": "click",
+                    "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            ).encode()
+            out.append((b"/v1/events", body))
+        else:
+            who = f"nobody-{i}" if i % 10 == 3 else user
+            out.append((f"/v1/users/{who}/recommendations?n={n}".encode(), None))
+    return out
 
 
 def run_driver(port: int, rate: float, duration: float, users_file: Path, n: int, connections: int) -> None:
@@ -234,33 +269,45 @@ def run_driver(port: int, rate: float, duration: float, users_file: Path, n: int
 
 
 def summarise(raw: dict) -> dict[str, object]:
-    """Return one table row: counts, achieved rate of 200s and latency percentiles in ms."""
-
+    """Return one table row: counts, achieved rate of 2xx answers, 429s, errors and latency percentiles in ms."""
     outcomes, latencies = raw["outcomes"], np.array(raw["latencies"]) * 1000
-    ok = np.array([o == "200" for o in outcomes], dtype=bool)
+    ok = np.array([o in ("200", "202") for o in outcomes], dtype=bool)
     errors: dict[str, int] = {}
     for outcome in outcomes:
-        if outcome != "200":
+        if outcome not in ("200", "202", "429"):
             errors[outcome] = errors.get(outcome, 0) + 1
     if raw["unfinished"]:
         errors["unfinished"] = raw["unfinished"]
-    pct = np.percentile(latencies[ok], [50, 95, 99]) if ok.any() else [float("nan")] * 3
-    return {"target": raw["rate"], "sent": raw["sent"], "ok": int(ok.sum()), "errors": errors,
-            "achieved": ok.sum() / raw["elapsed"], "p50": pct[0], "p95": pct[1], "p99": pct[2],
-            "max": latencies[ok].max() if ok.any() else float("nan"), "fallbacks": raw["fallbacks"],
-            "lag": raw["max_send_lag"] * 1000, "connections": raw["connections"]}
+    pct = np.percentile(latencies[ok], [50, 95, 99, 99.9]) if ok.any() else [float("nan")] * 4
+    return {
+        "target": raw["rate"],
+        "sent": raw["sent"],
+        "ok": int(ok.sum()),
+        "errors": errors,
+        "429": outcomes.count("429"),
+        "achieved": ok.sum() / raw["elapsed"],
+        "p50": pct[0],
+        "p95": pct[1],
+        "p99": pct[2],
+        "p999": pct[3],
+        "lag": raw["max_send_lag"] * 1000,
+    }
 
 
 def render(rows: list[dict[str, object]]) -> str:
-    """Return the side-by-side table of every rate."""
-    head = (f"{'target rps':>10} {'sent':>6} {'ok':>6} {'achieved rps':>12} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-            f"{'max ms':>8} {'fallback':>8} {'opened':>6} {'send lag ms':>11}  errors")
+    """Return the side-by-side table of every configuration and rate."""
+    head = (
+        f"{'config':<22} {'offered':>7} {'sent':>6} {'2xx/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+        f"{'p999 ms':>8} {'429':>5} {'RSS MiB before/after':>21} {'send lag ms':>11}  errors"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"  # type: ignore[union-attr]
-        lines.append(f"{r['target']:>10.0f} {r['sent']:>6} {r['ok']:>6} {r['achieved']:>12.1f} {r['p50']:>8.2f} "
-                     f"{r['p95']:>8.2f} {r['p99']:>8.2f} {r['max']:>8.2f} {r['fallbacks']:>8} {r['connections']:>6} "
-                     f"{r['lag']:>11.1f}  {errors}")
+        lines.append(
+            f"{r['config']:<22} {r['target']:>7.0f} {r['sent']:>6} {r['achieved']:>7.0f} {r['p50']:>7.2f} "
+            f"{r['p95']:>7.2f} {r['p99']:>7.2f} {r['p999']:>8.2f} {r['429']:>5} "
+            f"{r['rss_before']:>10.0f}/{r['rss_after']:<10.0f} {r['lag']:>11.1f}  {errors}"
+        )
     return "\n".join(lines)
 
 
@@ -270,17 +317,22 @@ def render(rows: list[dict[str, object]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Return the command-line options (the --serve and --drive modes are internal)."""
+    """Return the command-line options (the --drive mode is internal)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[100, 300, 1000])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    parser.add_argument("--rates", type=float, nargs="+", default=[100, 300, 1000, 2000, 3000, 4000])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per rate")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--users", type=int, default=500)
     parser.add_argument("--top-k", type=int, default=100, help="candidates per user in the cache")
     parser.add_argument("--n", type=int, default=10, help="items asked per request")
     parser.add_argument("--connections", type=int, default=64, help="most keep-alive connections of the driver")
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["per-request:1", "batching:1", "batching@1000:1", "per-request:2", "batching:2"],
+        help="scoring:workers pairs to compare",
+    )
     parser.add_argument("--drive", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -288,48 +340,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure_rate(args: argparse.Namespace, port: int, users_file: Path, rate: float) -> dict[str, object]:
     """Run the driver subprocess for one rate and return its summarised row."""
-    cmd = [sys.executable, __file__, "--drive", str(users_file), "--port", str(port), "--rates", str(rate),
-           "--duration", str(args.duration), "--n", str(args.n), "--connections", str(args.connections)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                          timeout=args.duration + DRAIN_TIMEOUT_S + REQUEST_TIMEOUT_S + 30)
+    cmd = [
+        sys.executable,
+        __file__,
+        "--drive",
+        str(users_file),
+        "--port",
+        str(port),
+        "--rates",
+        str(rate),
+        "--duration",
+        str(args.duration),
+        "--n",
+        str(args.n),
+        "--connections",
+        str(args.connections),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, timeout=args.duration + DRAIN_TIMEOUT_S + REQUEST_TIMEOUT_S + 30
+    )
     return summarise(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    """Prepare, start the server, measure every rate, print the table, clean up."""
-    prefix, folder = f"bench-ranker:{uuid.uuid4().hex[:12]}", Path(tempfile.mkdtemp(prefix="ranker-load-"))
-    server = None
+def measure_config(args: argparse.Namespace, folder: Path, prefix: str, users_file: Path, config: str) -> list[dict]:
+    """Start one server configuration, measure every rate against it, stop it; return its rows."""
+    scoring, workers = config.split(":")
+    scoring, _, delay_us = scoring.partition("@")  # batching@500: a max queue delay of 500 us
+    port = free_port()
+    server = start_server(folder, args, prefix, port, int(workers), scoring == "batching", delay_us)
+    rows = []
     try:
-        config_path, users, metrics = prepare(folder, args.redis, prefix, args.items, args.users, args.top_k)
-        log.info("ranker offline metrics: %s", metrics)
+        wait_ready(port, server)
+        time.sleep(1.0 * int(workers))  # every worker warmed up, not only the one that answered
+        for rate in args.rates:
+            before = rss_mb(server.pid)
+            row = measure_rate(args, port, users_file, rate)
+            rows.append(
+                {
+                    **row,
+                    "config": f"{scoring}{'@' + delay_us + 'us' if delay_us else ''}, {workers}w",
+                    "rss_before": before,
+                    "rss_after": rss_mb(server.pid),
+                }
+            )
+            log.info("%s at %.0f/s: p99 %.2f ms, %.0f/s answered", config, rate, row["p99"], row["achieved"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    return rows
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    """Prepare, measure every configuration at every rate, print the table, clean up."""
+    prefix, folder = f"bench-ranker:{uuid.uuid4().hex[:12]}", Path(tempfile.mkdtemp(prefix="ranker-load-"))
+    try:
+        users = prepare(folder, args.redis, prefix, args.items, args.users, args.top_k)
         users_file = folder / "users.txt"
         users_file.write_text("\n".join(users))
-        port = free_port()
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(config_path), "--port", str(port)])
-        wait_ready(port, server)
-        rows = []
-        for rate in args.rates:
-            rows.append(measure_rate(args, port, users_file, rate))
-            log.info("rate %.0f done", rate)
-        print(f"\nonline ranker, {len(users)} users x {args.top_k} candidates, n={args.n}, {args.duration:g} s per rate, "
-              f"1 uvicorn process, {os.cpu_count()} CPUs (driver on the same host)\n")
+        rows = [row for config in args.configs for row in measure_config(args, folder, prefix, users_file, config)]
+        print(
+            f"\nonline ranker (nightscore serve, uvicorn), {len(users)} users x {args.top_k} candidates in Redis, n={args.n}, "
+            f"mix 88% known / 10% unknown users / 2% event posts, {args.duration:g} s per rate, open-loop asyncio "
+            f"driver (one process, {args.connections} keep-alive connections) on the same host"
+        )
+        print(f"CPU: {cpu_flags()}\n")
         print(render(rows))
         return 0
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
         log.info("deleted %d keys of %s", drop_keys(args.redis, prefix), prefix)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch to the server, the driver, or the whole benchmark."""
+    """Dispatch to the driver, or run the whole benchmark."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    if args.serve:
-        serve(args.serve, args.port)
-        return 0
     if args.drive:
         run_driver(args.port, args.rates[0], args.duration, args.drive, args.n, args.connections)
         return 0

@@ -199,14 +199,15 @@ def run_train_ranker(
 def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     host: str = typer.Option("127.0.0.1", "--host"),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each loads and warms up its own app)."),
     home: Path | None = HomeOption,
 ) -> None:
-    """Serve GET /v1/users/{user_id}/recommendations from the cache with the lake's current ranker."""
+    """Serve GET /v1/users/{user_id}/recommendations and POST /v1/events from the cache with each run's ranker."""
     cfg = _settings(home, "serve")
     from serving.app import run_server
     from serving.config import serving_config
 
-    run_server(serving_config(cfg), host=host, port=port)
+    run_server(serving_config(cfg), host=host, port=port, workers=workers)
 
 
 @app.command("query")
@@ -272,6 +273,46 @@ def cache_rollback(home: Path | None = HomeOption) -> None:
     with cache_for(cfg) as cache:
         rolled_back, latest = rollback(warehouse_for(cfg), cache)
     typer.echo(f"rolled back {rolled_back}; latest is now {latest} (warehouse views and cache pointer)")
+
+
+events_app = typer.Typer(no_args_is_help=True, help="The online service's interaction events.")
+app.add_typer(events_app, name="events")
+
+
+@events_app.command("export")
+def events_export(
+    run_date: str = typer.Option(..., "--run-date", help="UTC day (YYYY-MM-DD) whose events are written."),
+    home: Path | None = HomeOption,
+) -> None:
+    """Write a day's events to the lake (events/date=D/interactions.parquet): the nightly runs of D and D+1 read them."""
+    cfg = _settings(home, "events-export")
+    import asyncio
+    from datetime import date
+
+    from serving.config import serving_config
+    from storage.cache_async import open_stores
+    from storage.events import export_day
+    from storage.resources import lake_for
+
+    day, options = date.fromisoformat(run_date), serving_config(cfg)
+
+    async def export() -> tuple[str | None, int]:
+        reader, store = open_stores(
+            options.cache_location,
+            options.cache_prefix,
+            options.cache_timeout_s,
+            1,
+            options.events_retention_s,
+            options.events_max,
+        )
+        try:
+            return await export_day(store, lake_for(cfg), day)
+        finally:
+            await store.close()
+            await reader.close()
+
+    uri, rows = asyncio.run(export())
+    typer.echo(f"exported {rows} events of {day} to {uri}" if uri else f"no events on {day}: nothing written")
 
 
 @app.command("prune")

@@ -1,4 +1,8 @@
-"""HTTP of the online ranker: create_app builds the FastAPI service, run_server runs it under uvicorn."""
+"""HTTP of the online ranker: create_app builds the FastAPI service, run_server runs it under uvicorn (N workers).
+
+Async end to end: handlers await the cache reader (one round trip) and the batcher; nothing goes to a thread pool.
+Each worker process builds its own app (app_from_environment) and is ready only after its warm-up.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated
 
-import torch
 import uvicorn
 from fastapi import FastAPI, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -17,16 +20,24 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nightscore.errors import NightscoreError
-from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig
-from serving.errors import NotReady, Overloaded, ServingError, error_response
+from serving.batcher import scoring_for
+from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig, export_config, exported_config
+from serving.errors import NotReady, Overloaded, PayloadTooLarge, ServingError, error_response
+from serving.events import add_event_route
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.ranking import Recommender, build_recommender
-from storage.cache import CandidateCache, open_cache
+from storage.cache import open_cache
+from storage.cache_async import CacheReader, open_stores
+from storage.events import EventStore
 
 log = logging.getLogger(__name__)
 
 RECOMMEND_PREFIX = "/v1/users/"
-PLAIN_ENDPOINTS = ("/healthz", "/readyz", "/metrics")
+EVENTS_PATH = "/v1/events"
+PLAIN_ENDPOINTS = ("/healthz", "/readyz", "/metrics", EVENTS_PATH)
+MAX_EVENT_BYTES = 4096
+
+Stores = tuple[CacheReader, EventStore]
 
 
 def endpoint_of(path: str) -> str:
@@ -57,6 +68,34 @@ class InFlightLimit:
             self.in_flight -= 1
 
 
+class BodyLimit:
+    """ASGI middleware refusing (413) a request body at one path larger than max_bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, path: str) -> None:
+        self.app, self.max_bytes, self.path = app, max_bytes, path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        too_large = PayloadTooLarge(f"request body over {self.max_bytes} bytes")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            await error_response(too_large)(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise too_large
+            return message
+
+        await self.app(scope, bounded, send)
+
+
 class RequestMetrics:
     """ASGI middleware counting every HTTP request by endpoint and status, with its latency."""
 
@@ -85,11 +124,11 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
     """Attach the recommendation, health, readiness and metrics endpoints."""
 
     @app.get("/v1/users/{user_id}/recommendations")
-    def recommendations(
+    async def recommendations(
         user_id: Annotated[str, Path(pattern=USER_ID_PATTERN)], n: Annotated[int, Query(ge=1, le=MAX_N)] = DEFAULT_N
     ) -> JSONResponse:
         """Return the user's top-n items by the ranker, or popular items marked as a fallback."""
-        return JSONResponse(recommender.recommend(user_id, n).as_json())
+        return JSONResponse((await recommender.recommend(user_id, n)).as_json())
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -97,11 +136,14 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
         return {"status": "ok"}
 
     @app.get("/readyz")
-    def readyz() -> dict[str, str | None]:
-        """Return 200 when the cache answers and the model is loaded, else 503."""
-        if not recommender.ready():
-            raise NotReady("candidate cache unreachable")
-        return {"status": "ready", "model_version": recommender.model_version}
+    async def readyz() -> dict[str, str | None]:
+        """Return 200 when requests get answers (degraded: by the fallback while the cache is down), else 503."""
+        answers = await recommender.cache_answers()
+        metrics.degraded(not answers)
+        if not recommender.can_answer(answers):
+            raise NotReady("candidate cache unreachable and the fallback is off")
+        status = "ready" if answers else "degraded"
+        return {"status": status, "cache": "ok" if answers else "unavailable", "model_version": recommender.model_version}
 
     @app.get("/metrics")
     async def metrics_text() -> Response:
@@ -119,46 +161,81 @@ def _add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, handle)
 
 
-def _closing(cache: CandidateCache | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Return a lifespan that closes the cache at shutdown when the app opened it."""
+def _lifespan(
+    config: ServingConfig, recommender: Recommender, stores: Callable[[], Stores] | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Return a lifespan opening the cache reader and event store in the worker's loop, warming up, closing them after."""
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reader, events = (
+            stores()
+            if stores
+            else open_stores(
+                config.cache_location,
+                config.cache_prefix,
+                config.cache_timeout_s,
+                config.cache_pool_size,
+                config.events_retention_s,
+                config.events_max,
+            )
+        )
+        recommender.reader, app.state.events = reader, events
+        await recommender.warm_up()
         yield
-        if cache is not None:
-            cache.close()
+        await events.close()
+        await reader.close()
 
     return lifespan
 
 
-def create_app(config: ServingConfig, *, cache: CandidateCache | None = None) -> FastAPI:
-    """Return the service with its model and features loaded and warmed up; nothing is built at import.
+def create_app(config: ServingConfig, *, stores: Callable[[], Stores] | None = None) -> FastAPI:
+    """Return the service with its model loaded; the cache reader opens (and the model warms up) at startup.
 
     Args:
         config: the serving options.
-        cache: a cache to use instead of opening config.cache_location (then the caller closes it).
+        stores: opens (reader, event store) instead of config.cache_location (tests: a reader that blocks).
 
     Raises:
-        ModelLoadError: the model or a feature table cannot be loaded.
+        ModelLoadError: no published run, or what it serves with cannot be loaded.
     """
-    owned = None if cache is not None else open_cache(config.cache_location, config.cache_prefix)
     metrics = Metrics()
-    try:
-        recommender = build_recommender(config, cache or owned, metrics.fallback)  # type: ignore[arg-type]  # one is set
-    except BaseException:
-        if owned is not None:
-            owned.close()
-        raise
-    app = FastAPI(title="nightscore ranker", lifespan=_closing(owned))
+    scoring = scoring_for(config.batching, config.max_batch, config.max_queue_delay_us, metrics.batch)
+    with open_cache(config.cache_location, config.cache_prefix, retries=0) as cache:  # the pointer names the first run
+        recommender = build_recommender(config, cache, scoring, metrics.fallback)
+    app = FastAPI(title="nightscore ranker", lifespan=_lifespan(config, recommender, stores))
     app.state.recommender, app.state.metrics = recommender, metrics
     _add_routes(app, recommender, metrics)
+    add_event_route(app, EVENTS_PATH)
     _add_error_handlers(app)
     app.add_middleware(InFlightLimit, limit=config.max_in_flight, prefix=RECOMMEND_PREFIX)
+    app.add_middleware(BodyLimit, max_bytes=MAX_EVENT_BYTES, path=EVENTS_PATH)
     app.add_middleware(RequestMetrics, metrics=metrics)  # added last = outermost: counts the 429s too
     return app
 
 
-def run_server(config: ServingConfig, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
-    """Serve the app under uvicorn until stopped (SIGINT/SIGTERM)."""
-    torch.set_num_threads(config.torch_threads)  # one tiny MLP per request: more intra-op threads only add overhead
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False)
+def app_from_environment() -> FastAPI:
+    """Return the app of one uvicorn worker, built from the options run_server exported (uvicorn's factory)."""
+    from threadpoolctl import threadpool_limits
+
+    config = exported_config()
+    threadpool_limits(config.blas_threads)  # small matrices per call: more BLAS threads only add overhead
+    return create_app(config)
+
+
+def run_server(
+    config: ServingConfig, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1, log_level: str = "info"
+) -> None:
+    """Serve under uvicorn (uvloop/httptools when installed) with `workers` processes until stopped (SIGINT/SIGTERM)."""
+    export_config(config)
+    uvicorn.run(
+        "serving.app:app_from_environment",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=False,
+        loop="auto",
+        http="auto",
+    )

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from nightscore.errors import CacheUnavailable, ModelLoadError
+from storage.events import EventsFull
 
 
 class ServingError(Exception):
@@ -22,6 +23,10 @@ class Overloaded(ServingError):
     """Too many requests are in flight (HTTP 429)."""
 
 
+class PayloadTooLarge(ServingError):
+    """The request body exceeds its bound (HTTP 413)."""
+
+
 class NotReady(ServingError):
     """The service cannot answer yet: model, features or cache missing (HTTP 503)."""
 
@@ -33,8 +38,10 @@ def status_for(exc: BaseException) -> int:
     """Return the HTTP status of a failure: the only place statuses are chosen for errors."""
     if isinstance(exc, (InvalidRequest, RequestValidationError)):
         return 422
-    if isinstance(exc, Overloaded):
+    if isinstance(exc, (Overloaded, EventsFull)):
         return 429
+    if isinstance(exc, PayloadTooLarge):
+        return 413
     if isinstance(exc, (NotReady, CacheUnavailable, ModelLoadError)):
         return 503
     if isinstance(exc, HTTPException):

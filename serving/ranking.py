@@ -1,5 +1,8 @@
 """Ranking apart from HTTP: a user's cache entry through the cache pointer, scored by the run's ranker, top n kept.
 
+Async end to end: one cache read per request (storage/cache_async.py), the rows scored by serving/batcher.py;
+the only thread hop is loading a run's artifacts from the lake (once per run, and a background refresh).
+
 Each published run serves with its own ranker (``serving/<run_id>/serving.json`` in the lake names the version, the
 feature set of its entries and its trending items), so a pointer switch or a rollback changes candidates and ranker
 together. A cache entry carries the candidates' feature rows: the service only scores them.
@@ -7,19 +10,24 @@ together. A cache entry carries the candidates' feature rows: the service only s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
 from models.ranker_models import Scorer, scorer_from_bytes
 from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
+from serving.batcher import Scoring
+from serving.breaker import Breaker
 from serving.config import ServingConfig
 from storage.artifacts import latest_serving_run, read_scorer_bytes, read_serving
 from storage.cache import CandidateCache
+from storage.cache_async import CacheReader, Found
 from storage.candidate_payload import CandidateEntry, decode_entry
 from storage.lake import Lake
 
@@ -44,8 +52,14 @@ class Recommendation:
     def as_json(self) -> dict[str, object]:
         """Return the response body."""
         items = [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores, strict=True)]
-        return {"user_id": self.user_id, "items": items, "run_id": self.run_id, "model_version": self.model_version,
-                "fallback": self.fallback, "reason": self.reason}
+        return {
+            "user_id": self.user_id,
+            "items": items,
+            "run_id": self.run_id,
+            "model_version": self.model_version,
+            "fallback": self.fallback,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -59,10 +73,11 @@ class RunServing:
     fallback_ids: list[str]
     fallback_scores: list[float]
     loaded_at: float
+    computed_at: float = 0.0  # epoch s of the run's reference time: events after it are newer than its candidates
 
 
-def load_run(lake: Lake, run_id: str) -> RunServing:
-    """Return a published run's serving artifacts, read from the lake.
+def load_run(lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None) -> RunServing:
+    """Return a published run's serving artifacts, read from the lake (a ranker version in scorers is not re-read).
 
     Raises:
         ModelLoadError: the run has no serving.json, or its ranker cannot be read.
@@ -72,36 +87,56 @@ def load_run(lake: Lake, run_id: str) -> RunServing:
         if serving is None:
             raise ModelLoadError(f"run {run_id} has no serving.json in the lake")
         version = serving.get("ranker_version")
-        scorer = scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None
+        known = (scorers or {}).get(version or "")
+        scorer = known or (scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None)
     except (NightscoreError, OSError) as exc:
         raise ModelLoadError(f"cannot load what run {run_id} serves with: {exc}") from exc
-    return RunServing(run_id, scorer, version, serving.get("feature_set"), list(serving.get("fallback_items") or []),
-                      [float(v) for v in serving.get("fallback_scores") or []], time.monotonic())
+    computed = serving.get("computed_at")
+    return RunServing(
+        run_id,
+        scorer,
+        version,
+        serving.get("feature_set"),
+        list(serving.get("fallback_items") or []),
+        [float(v) for v in serving.get("fallback_scores") or []],
+        time.monotonic(),
+        datetime.fromisoformat(computed).timestamp() if computed else 0.0,
+    )
 
 
 class RunStore:
-    """The serving artifacts of the runs the cache pointer names, loaded once per run and re-read every refresh_s."""
+    """The serving artifacts of the runs the cache pointer names, loaded once per run and refreshed in the background."""
 
     def __init__(self, lake: Lake, first_run: str, refresh_s: float) -> None:
         self._lake, self._refresh_s = lake, refresh_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # _load also runs in worker threads
         self._runs: dict[str, RunServing] = {}
+        self._refreshing: set[str] = set()
         self.latest = self._load(first_run)
 
-    def for_run(self, run_id: str) -> RunServing:
-        """Return a run's artifacts (re-read when stale: train-ranker may rebind its ranker); the latest if it has none."""
-        with self._lock:
-            known = self._runs.get(run_id)
-        if known is not None and (self._refresh_s <= 0 or time.monotonic() - known.loaded_at < self._refresh_s):
-            return known
+    async def for_run(self, run_id: str) -> RunServing:
+        """Return a run's artifacts; a stale one is returned at once and re-read in a thread (train-ranker may rebind)."""
+        known = self._runs.get(run_id)
+        if known is None:
+            return await asyncio.to_thread(self._load_or_keep, run_id, self.latest)
+        if self._refresh_s > 0 and time.monotonic() - known.loaded_at >= self._refresh_s and run_id not in self._refreshing:
+            self._refreshing.add(run_id)
+            task = asyncio.get_running_loop().run_in_executor(None, self._load_or_keep, run_id, known)
+            task.add_done_callback(lambda _: self._refreshing.discard(run_id))
+        return known
+
+    def _load_or_keep(self, run_id: str, keep: RunServing) -> RunServing:
+        """Return the run's artifacts read now, or keep when they cannot be read (logged)."""
         try:
             return self._load(run_id)
         except ModelLoadError as exc:
-            log.error("serving run %s with what run %s serves with: %s", run_id, (known or self.latest).run_id, exc)
-            return known or self.latest
+            log.error("serving run %s with what run %s serves with: %s", run_id, keep.run_id, exc)
+            return keep
 
     def _load(self, run_id: str) -> RunServing:
-        run = load_run(self._lake, run_id)
+        with self._lock:  # a refresh re-reads serving.json only: rebuilding a booster would hold the GIL for ms
+            scorers = {r.version: r.scorer for r in self._runs.values() if r.version and r.scorer is not None}
+        run = load_run(self._lake, run_id, scorers)
         with self._lock:
             self._runs[run_id] = run
             for old in list(self._runs)[:-RUNS_KEPT]:
@@ -113,9 +148,18 @@ class RunStore:
 class Recommender:
     """Ranks a user's cached candidates with the run's ranker; answers the run's trending items when it cannot."""
 
-    def __init__(self, cache: CandidateCache, runs: RunStore, fallback_on_cache_error: bool = True,
-                 on_fallback: Callable[[str], None] = lambda reason: None) -> None:
-        self.cache, self.runs = cache, runs
+    def __init__(
+        self,
+        runs: RunStore,
+        scoring: Scoring,
+        fallback_on_cache_error: bool = True,
+        on_fallback: Callable[[str], None] = lambda reason: None,
+        exclude_recent: bool = True,
+        breaker_open_s: float = 1.0,
+    ) -> None:
+        self.runs, self.scoring, self.exclude_recent = runs, scoring, exclude_recent
+        self.reader: CacheReader | None = None  # opened in the worker's event loop (serving.app's lifespan)
+        self.breaker = Breaker(breaker_open_s)
         self.fallback_on_cache_error = fallback_on_cache_error
         self._on_fallback = on_fallback
 
@@ -124,66 +168,93 @@ class Recommender:
         """Return the version of the ranker of the latest run loaded."""
         return self.runs.latest.version
 
-    def recommend(self, user_id: str, n: int) -> Recommendation:
+    async def recommend(self, user_id: str, n: int) -> Recommendation:
         """Return the top n of the user's candidates of the current run, or popular items.
 
         Raises:
             CacheUnavailable: the cache is down and fallback_on_cache_error is off.
         """
         try:
-            found = self.cache.read(user_id)  # pointer and entry of one run: a switch applies at once
+            found = await self._read(user_id)
         except CacheUnavailable as exc:
             if not self.fallback_on_cache_error:
                 raise
             log.warning("popular fallback: %s", exc)
             return self.popular(user_id, n, "cache_unavailable", self.runs.latest)
-        if found is None:
-            run_id = self._current()
-            return self.popular(user_id, n, "unknown_user", self.runs.for_run(run_id) if run_id else self.runs.latest)
-        return self.rank(user_id, n, *found)
+        if found.run_id is None:
+            return self.popular(user_id, n, "no_candidates_version", self.runs.latest)
+        run = await self.runs.for_run(found.run_id)
+        if found.entry is None:
+            return self.popular(user_id, n, "unknown_user", run)
+        return await self.rank(user_id, n, run, found)
 
-    def _current(self) -> str | None:
+    async def _read(self, user_id: str) -> Found:
+        """Return the user's read through the circuit breaker (pointer and entry of one run: a switch applies at once).
+
+        Raises:
+            CacheUnavailable: the cache failed, or failed recently (the circuit is open).
+        """
+        if self.reader is None or not self.breaker.allow():
+            raise CacheUnavailable("candidate cache skipped: it failed recently (circuit open) or is not open yet")
         try:
-            return self.cache.current()
+            with self.scoring.arriving():
+                found = await self.reader.read(user_id)
         except CacheUnavailable:
-            return None
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        return found
 
-    def rank(self, user_id: str, n: int, run_id: str, blob: bytes) -> Recommendation:
+    async def rank(self, user_id: str, n: int, run: RunServing, found: Found) -> Recommendation:
         """Return the top n of one run's cache entry by its ranker's score (ties keep the candidates' order)."""
-        run = self.runs.for_run(run_id)
         try:
-            entry = decode_entry(blob)
+            entry = decode_entry(found.entry or b"")
         except ValueError as exc:
-            log.error("popular fallback: bad payload of %s in run %s: %s", user_id, run_id, exc)
+            log.error("popular fallback: bad payload of %s in run %s: %s", user_id, run.run_id, exc)
             return self.popular(user_id, n, "bad_payload", run)
         if not entry.item_ids:
             return self.popular(user_id, n, "no_candidates", run)
-        scores = self.scores(run, entry)
-        top = np.lexsort((np.arange(len(scores)), -scores))[:n]
-        return Recommendation(user_id, [entry.item_ids[i] for i in top], scores[top].tolist(), run_id, run.version)
+        scores = await self.scores(run, entry)
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        seen = self._seen(found, run)
+        top = [i for i in order if entry.item_ids[i] not in seen][:n] if seen else order[:n]
+        return Recommendation(user_id, [entry.item_ids[i] for i in top], scores[top].tolist(), run.run_id, run.version)
 
-    def scores(self, run: RunServing, entry: CandidateEntry) -> np.ndarray:
+    def _seen(self, found: Found, run: RunServing) -> set[str]:
+        """Return the items the user interacted with after the run's candidates were computed (when excluding)."""
+        if not self.exclude_recent:
+            return set()
+        return {item for item, ts in found.recent.items() if ts >= run.computed_at}
+
+    async def scores(self, run: RunServing, entry: CandidateEntry) -> np.ndarray:
         """Return the ranker's scores of an entry's candidates (their own order, descending, without a usable ranker)."""
         if run.scorer is None or entry.feature_set != run.feature_set:
             if run.scorer is not None:
                 log.error("run %s: entry feature set %s is not its ranker's %s", run.run_id, entry.feature_set, run.feature_set)
             return -np.arange(len(entry.item_ids), dtype=np.float32)
-        return run.scorer.predict(entry.features)
+        return await self.scoring.score(run.scorer, entry.features)
 
     def popular(self, user_id: str, n: int, reason: str, run: RunServing) -> Recommendation:
         """Return a run's n trending items, marked as a fallback with its reason."""
         self._on_fallback(reason)
         return Recommendation(user_id, run.fallback_ids[:n], run.fallback_scores[:n], None, None, POPULAR, reason)
 
-    def warm_up(self) -> None:
-        """Score a dummy batch once, so the first request does not pay for lazy initialisation."""
+    async def warm_up(self) -> None:
+        """Score a dummy batch through the scoring path, so the first request does not pay for lazy initialisation."""
         scorer = self.runs.latest.scorer
         if scorer is not None:
-            scorer.predict(np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
+            await self.scoring.score(scorer, np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
 
-    def ready(self) -> bool:
-        """Return True when the cache answers (the ranker is loaded at construction)."""
-        return self.cache.ping()
+    async def cache_answers(self) -> bool:
+        """Return True when the cache answers a ping now (closing the circuit if it does)."""
+        answers = self.reader is not None and await self.reader.ping()
+        if answers:
+            self.breaker.succeeded()
+        return answers
+
+    def can_answer(self, cache_answers: bool) -> bool:
+        """Return True when requests get answers: the cache answers, or the fallback covers it (degraded)."""
+        return cache_answers or self.fallback_on_cache_error
 
 
 def first_run(cache: CandidateCache, lake: Lake) -> str:
@@ -202,15 +273,15 @@ def first_run(cache: CandidateCache, lake: Lake) -> str:
     return latest
 
 
-def build_recommender(config: ServingConfig, cache: CandidateCache, on_fallback: Callable[[str], None]) -> Recommender:
-    """Return a warmed-up Recommender over the current run's ranker and trending items.
+def build_recommender(
+    config: ServingConfig, cache: CandidateCache, scoring: Scoring, on_fallback: Callable[[str], None]
+) -> Recommender:
+    """Return a Recommender over the current run's ranker and trending items (its reader is opened at startup).
 
     Raises:
         ModelLoadError: no published run, or its serving artifacts cannot be loaded.
     """
     lake = Lake(config.lake_root, config.lake_options)
     runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s)
-    recommender = Recommender(cache, runs, config.fallback, on_fallback)
-    recommender.warm_up()
     log.info("serving run %s with ranker %s", runs.latest.run_id, runs.latest.version)
-    return recommender
+    return Recommender(runs, scoring, config.fallback, on_fallback, config.exclude_recent, config.breaker_open_s)

@@ -249,9 +249,7 @@ class SqliteCache(CandidateCache):
     def _connect(self) -> sqlite3.Connection:
         """Open the file (creating its folder and table) in WAL mode with a busy timeout."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-        )
+        conn = sqlite3.connect(self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # a cache can lose its last commit on power loss
@@ -303,6 +301,12 @@ class SqliteCache(CandidateCache):
         with self._transaction("IMMEDIATE") as conn:
             purged = conn.execute(f"DELETE FROM kv WHERE {_EXPIRED}", (now,)).rowcount
         logger.info("cache: purged %d expired entries from %s", purged, self.path)
+
+    def query_one(self, sql: str, params: tuple[object, ...]) -> tuple[object, ...] | None:
+        """Return the first row of a read-only statement on the cache file (the service's one-statement read)."""
+        with self._lock, self._guard():
+            row = self._conn.execute(sql, params).fetchone()
+        return None if row is None else tuple(row)
 
     def read(self, user_id: str) -> tuple[str, bytes] | None:
         """Return (current run id, payload) of a user, pointer and entry read from one snapshot."""
@@ -406,7 +410,9 @@ class RedisCache(CandidateCache):
         self.version_grace_s = version_grace_s
         self._where = redact_url(url)
         self._client = redis.Redis.from_url(
-            url, socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+            url,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
             retry=Retry(ExponentialBackoff(cap=REDIS_RETRY_CAP_S, base=REDIS_RETRY_BASE_S), retries),
             retry_on_error=list(_REDIS_DOWN),
         )

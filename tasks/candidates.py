@@ -263,9 +263,10 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
             "feature_set": feature_set_id(names) if names else None,
             "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
             "fallback_scores": [float(v) for v in trending[top]],
+            "computed_at": run.reference_time.isoformat(),
         },
         run.path("serving.json"),
-    )
+    )  # events after it are new
     return version
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +15,7 @@ from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, conform
 from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
 from nightscore.errors import InputUnreadable
 from nightscore.stop import fault_point
+from storage.events import ingested_partitions
 from storage.lake import Lake
 from storage.resources import lake_for
 from tasks.results import Ingested, RunRef
@@ -32,11 +34,12 @@ def ingest(run: RunRef) -> Ingested:
     raises InputUnreadable (exit 3) naming the file.
     """
     started, lake = time.perf_counter(), lake_for(run.settings)
+    events = ingested_partitions(lake, run.date)  # the online service's exported events (storage/events.py)
     counts = {
-        dataset: snapshot(lake, dataset, uri, columns, run.path(f"ingest/{dataset}.parquet"))
-        for dataset, uri, columns in (
-            ("items", run.items_uri, ITEM_COLUMNS),
-            ("interactions", run.interactions_uri, INTERACTION_COLUMNS),
+        dataset: snapshot(lake, dataset, uri, columns, run.path(f"ingest/{dataset}.parquet"), extra)
+        for dataset, uri, columns, extra in (
+            ("items", run.items_uri, ITEM_COLUMNS, []),
+            ("interactions", run.interactions_uri, INTERACTION_COLUMNS, events),
         )
     }
     fault_point("ingest", run.settings.fault_pause_at, Path(run.settings.home) / "faults")
@@ -49,10 +52,14 @@ def ingest(run: RunRef) -> Ingested:
     )
 
 
-def snapshot(lake: Lake, dataset: str, uri: str, columns: dict[str, pl.DataType], target: str) -> int:
-    """Write an input file's contract columns, conformed batch by batch, to target; return its row count."""
+def snapshot(
+    lake: Lake, dataset: str, uri: str, columns: dict[str, pl.DataType], target: str, extra: list[str] | None = None
+) -> int:
+    """Write an input file's contract columns (then those of the extra files), conformed batch by batch, to target;
+    return the row count."""
     rows = [0]
-    lake.write_parquet_frames(_conformed(lake, dataset, uri, columns, rows), target)
+    frames = chain(*(_conformed(lake, dataset, u, columns, rows) for u in [uri, *(extra or [])]))
+    lake.write_parquet_frames(frames, target)
     return rows[0]
 
 

@@ -1,0 +1,128 @@
+"""Fixtures of the service tier: a served run built by the candidate stage's own functions on demo data, a real Redis.
+
+`served` runs the candidate stage (models/candidates.py: sources, fusion, a LightGBM ranker) on a small demo
+catalogue, then writes what a published run leaves for serving: the ranker in the lake, serving/<run>/serving.json
+and one cache entry (encode_entry) per user. No Prefect: the flow tier covers the nightly run itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from models.candidates import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
+from models.evaluation import time_split
+from models.fusion import TuningGrid
+from models.ranker_models import Scorer, scorer_to_bytes
+from models.ranker_training import RankerParams
+from models.retrieval import ItemChunks
+from models.sources.base import encode_run
+from models.sources.popularity import trending_scores
+from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
+from storage.artifacts import publish_scorer, publish_serving
+from storage.cache import CandidateCache
+from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
+from storage.lake import Lake
+from tests.helpers import hashed_text_vectors
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+RUN_IDS = ("r1", "r2")
+K = 30
+FALLBACK_ITEMS = 100
+
+
+@dataclass(frozen=True)
+class Served:
+    """A lake with runs r1 and r2 published for serving (same ranker), and the cache entries to publish."""
+
+    lake_root: Path
+    scorer: Scorer
+    entries: dict[str, bytes]
+    fallback: list[str]
+    computed_at: str
+
+
+def free_port() -> int:
+    """Return a loopback TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def publish(cache: CandidateCache, run_id: str, entries: dict[str, bytes]) -> None:
+    """Write a run's entries and make it current."""
+    cache.write_version(run_id, entries.items())
+    cache.switch_current(run_id)
+
+
+def _write_run(lake: Lake, run_id: str, scorer: Scorer, fallback: tuple[list[str], list[float]], computed_at: str) -> None:
+    """Write the ranker and a run's serving.json as the candidate stage and publish-serving do."""
+    version = publish_scorer(lake, *scorer_to_bytes(scorer, {"trained_on": run_id}))
+    names = list(scorer.feature_names)
+    serving = {
+        "run_id": run_id,
+        "ranker_version": version,
+        "ranker_kind": scorer.kind,
+        "feature_names": names,
+        "feature_set": feature_set_id(names),
+        "fallback_items": fallback[0],
+        "fallback_scores": fallback[1],
+        "computed_at": computed_at,
+    }
+    publish_serving(lake, run_id, serving, latest=True)
+
+
+def build_served(lake_root: Path, n_items: int = 400, n_users: int = 120, k: int = K) -> Served:
+    """Run the candidate stage on demo data and write runs r1, r2 into the lake at lake_root (benchmarks use it too)."""
+    items, interactions = generate_demo_data(n_items, n_users, seed=0)
+    catalogue, log = encode_run(items, interactions)
+    vectors = np.stack(hashed_text_vectors(items)["embedding"].to_list()).astype(np.float32)
+    config = CandidateConfig(
+        k=k, per_source=k, grid=TuningGrid(weights=(1.0,), rrf_k=(60.0,), rounds=1), ranker=RankerParams(rounds=30, threads=1)
+    )
+    chunks, split = ItemChunks.of(vectors, 512), time_split(log, config.holdout_share)
+    tuned = tune(catalogue, log, chunks, config, split)
+    report = evaluate(catalogue, log, chunks, config, split, tuned)
+    assert report.scorer is not None
+    final = fit_final(catalogue, log, chunks, config, DEMO_BASE_TIME, tuned, report.scorer)
+    entries = {}
+    for chunk in candidate_chunks(final):
+        feature_set = feature_set_id(chunk.feature_names)
+        for user_id, item_ids, features in chunk.payloads(catalogue.item_ids, catalogue.user_ids):
+            if item_ids:
+                entries[user_id] = encode_entry(CandidateEntry(item_ids, features, feature_set))
+    trending = trending_scores(final.history, config.popularity.trend_half_life_days)
+    top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
+    fallback = (catalogue.item_ids.gather(top).to_list(), [float(v) for v in trending[top]])
+    for run_id in RUN_IDS:
+        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat())
+    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat())
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """Return the served run on demo data (400 items, 120 users, K=30)."""
+    return build_served(tmp_path_factory.mktemp("lake"))
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """Yield a unique key prefix on the shared Redis; its keys are deleted after the test."""
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis server at {REDIS_URL}")
+    name = f"nstest-serving:{uuid.uuid4().hex}"
+    yield name
+    keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+    if keys:
+        client.unlink(*keys)
+    client.close()
