@@ -28,6 +28,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -302,7 +303,7 @@ def render(rows: list[dict[str, object]]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"  # type: ignore[union-attr]
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(cast(dict[str, int], r["errors"]).items())) or "0"
         lines.append(
             f"{r['config']:<22} {r['target']:>7.0f} {r['sent']:>6} {r['achieved']:>7.0f} {r['p50']:>7.2f} "
             f"{r['p95']:>7.2f} {r['p99']:>7.2f} {r['p999']:>8.2f} {r['429']:>5} "
