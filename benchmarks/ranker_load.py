@@ -1,12 +1,13 @@
 """Load benchmark of the online ranker: open-loop fixed rates against `nightscore serve` on loopback, one table out.
 
 It builds a served run (the candidate stage on demo data, tests/service/conftest.build_served), publishes its
-entries to Redis under its own key prefix, then for each configuration (per-request scoring or dynamic batching,
-1 or 2 uvicorn workers) starts `nightscore serve` on a free port and drives it at each offered rate from a
-separate process. wrk/wrk2 are not installed here, so the driver is an open-loop asyncio generator: request i is
-due at start + i / rate whatever happened before, and its latency runs from that due time (queueing in the driver
-counts, so a saturated server shows as latency, not as a lower rate); "send lag" says when the driver itself fell
-behind. The mix: known users, unknown users, a few event posts. Keys and files are removed at the end. Usage:
+entries to Redis under its own key prefix, then for each configuration (per-request scoring or dynamic batching, 1
+or 2 uvicorn workers) starts `nightscore serve` on a free port and drives it at each offered rate from a separate
+process. Fixed rates need an open loop, which wrk (closed loop) is not: the driver is an asyncio generator, request
+i is due at start + i / rate whatever happened before, and its latency runs from that due time (queueing in the
+driver counts, so a saturated server shows as latency, not as a lower rate); "send lag" says when the driver itself
+fell behind. Then wrk (where installed) drives the same mix closed-loop at a few connection counts: the saturation
+rows. The mix: known users, unknown users, a few event posts. Keys and files are removed at the end. Usage:
 
     python benchmarks/ranker_load.py [--rates 100 300 1000 2000] [--duration 5] [--configs batching:2]
 """
@@ -18,6 +19,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -265,6 +267,81 @@ def run_driver(port: int, rate: float, duration: float, users_file: Path, n: int
 
 
 # --------------------------------------------------------------------------------------------
+# Saturation: wrk (C, closed loop) where it is installed
+# --------------------------------------------------------------------------------------------
+
+WRK_SCRIPT = """
+local requests = {}
+init = function(args)
+  for line in io.lines(args[1]) do requests[#requests + 1] = line end
+  counter = 0
+end
+request = function()
+  counter = counter + 1
+  local line = requests[(counter % #requests) + 1]
+  if line:sub(1, 5) == "POST " then
+    return wrk.format("POST", "/v1/events", {["Content-Type"] = "application/json"}, line:sub(6))
+  end
+  return wrk.format("GET", line)
+end
+"""
+WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def write_wrk_inputs(folder: Path, users: list[str], n: int) -> tuple[Path, Path]:
+    """Write wrk's Lua script and the request mix it cycles (one request per line); return both paths."""
+    lines = [path.decode() if body is None else "POST " + body.decode() for path, body in mix(users, n)]
+    (folder / "mix.txt").write_text("\n".join(lines) + "\n")
+    (folder / "mix.lua").write_text(WRK_SCRIPT)
+    return folder / "mix.lua", folder / "mix.txt"
+
+
+def _ms(text: str) -> float:
+    """Return a wrk duration ('812.00us', '1.20ms', '2.01s') in milliseconds."""
+    match = re.fullmatch(r"([0-9.]+)(us|ms|s)", text)
+    return float(match.group(1)) * WRK_UNITS[match.group(2)] if match else float("nan")
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """Return requests/s, latency percentiles (ms), non-2xx answers and socket errors from wrk --latency output."""
+    pct = {f"p{m.group(1)}": _ms(m.group(2)) for m in re.finditer(r"^\s+(50|90|99)%\s+(\S+)", out, re.M)}
+    rps = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "rps": float(rps.group(1)) if rps else float("nan"),
+        **pct,
+        "non2xx": float(non2xx.group(1)) if non2xx else 0.0,
+        "socket_errors": float(sum(int(g) for g in sockets.groups())) if sockets else 0.0,
+    }
+
+
+def saturate(port: int, script: Path, requests: Path, duration: float, connections: int) -> dict[str, float] | None:
+    """Return wrk's closed-loop figures at `connections` connections (one wrk thread), or None without wrk."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return None
+    cmd = [wrk, "-t1", f"-c{connections}", f"-d{max(int(duration), 1)}s", "--latency", "-s", str(script)]
+    done = subprocess.run(
+        [*cmd, f"http://127.0.0.1:{port}", "--", str(requests)], capture_output=True, text=True, timeout=duration + 60
+    )
+    return parse_wrk(done.stdout)
+
+
+def render_saturation(rows: list[dict[str, object]]) -> str:
+    """Return the saturation table: wrk's closed-loop throughput and latency per configuration."""
+    head = f"{'config':<22} {'conns':>5} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'non-2xx':>8} {'sock err':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        p50, p90, p99 = (r.get(k, float("nan")) for k in ("p50", "p90", "p99"))
+        lines.append(
+            f"{r['config']:<22} {r['conns']:>5} {r['rps']:>8.0f} {p50:>7.2f} {p90:>7.2f} {p99:>7.2f} "
+            f"{r['non2xx']:>8.0f} {r['socket_errors']:>8.0f}"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
 # Summary
 # --------------------------------------------------------------------------------------------
 
@@ -293,6 +370,15 @@ def summarise(raw: dict) -> dict[str, object]:
         "p999": pct[3],
         "lag": raw["max_send_lag"] * 1000,
     }
+
+
+def wrk_version() -> str:
+    """Return wrk's version line's first words, or 'absent'."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return "absent"
+    done = subprocess.run([wrk, "--version"], capture_output=True, text=True)
+    return " ".join((done.stdout or done.stderr).split()[:2])
 
 
 def render(rows: list[dict[str, object]]) -> str:
@@ -334,6 +420,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["per-request:1", "batching:1", "batching@1000:1", "per-request:2", "batching:2"],
         help="scoring:workers pairs to compare",
     )
+    parser.add_argument(
+        "--wrk-connections", type=int, nargs="+", default=[16, 64], help="wrk's connection counts for the saturation rows"
+    )
     parser.add_argument("--drive", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -363,8 +452,10 @@ def measure_rate(args: argparse.Namespace, port: int, users_file: Path, rate: fl
     return summarise(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def measure_config(args: argparse.Namespace, folder: Path, prefix: str, users_file: Path, config: str) -> list[dict]:
-    """Start one server configuration, measure every rate against it, stop it; return its rows."""
+def measure_config(
+    args: argparse.Namespace, folder: Path, prefix: str, users_file: Path, config: str
+) -> tuple[list[dict], list[dict]]:
+    """Start one server configuration, measure every rate against it (then wrk's saturation), stop it; return the rows."""
     scoring, workers = config.split(":")
     scoring, _, delay_us = scoring.partition("@")  # batching@500: a max queue delay of 500 us
     port = free_port()
@@ -385,10 +476,16 @@ def measure_config(args: argparse.Namespace, folder: Path, prefix: str, users_fi
                 }
             )
             log.info("%s at %.0f/s: p99 %.2f ms, %.0f/s answered", config, rate, row["p99"], row["achieved"])
+        label = rows[0]["config"] if rows else config
+        saturation = [
+            {**found, "config": label, "conns": conns}
+            for conns in args.wrk_connections
+            if (found := saturate(port, folder / "mix.lua", folder / "mix.txt", args.duration, conns)) is not None
+        ]
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-    return rows
+    return rows, saturation
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -398,7 +495,10 @@ def orchestrate(args: argparse.Namespace) -> int:
         users = prepare(folder, args.redis, prefix, args.items, args.users, args.top_k)
         users_file = folder / "users.txt"
         users_file.write_text("\n".join(users))
-        rows = [row for config in args.configs for row in measure_config(args, folder, prefix, users_file, config)]
+        write_wrk_inputs(folder, users, args.n)
+        measured = [measure_config(args, folder, prefix, users_file, config) for config in args.configs]
+        rows = [row for fixed, _ in measured for row in fixed]
+        saturation = [row for _, found in measured for row in found]
         print(
             f"\nonline ranker (nightscore serve, uvicorn), {len(users)} users x {args.top_k} candidates in Redis, n={args.n}, "
             f"mix 88% known / 10% unknown users / 2% event posts, {args.duration:g} s per rate, open-loop asyncio "
@@ -406,6 +506,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         )
         print(f"CPU: {cpu_flags()}\n")
         print(render(rows))
+        if saturation:
+            print(f"\nsaturation: wrk {wrk_version()} closed loop, one thread, the same mix, {args.duration:g} s per row\n")
+            print(render_saturation(saturation))
+        else:
+            print("\nsaturation: wrk not installed (the setup installs Debian's wrk where it may); see the fixed rates above")
         return 0
     finally:
         log.info("deleted %d keys of %s", drop_keys(args.redis, prefix), prefix)

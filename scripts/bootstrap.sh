@@ -30,4 +30,8 @@ if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v 
     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
     || echo "bootstrap: could not install chromium; the UI test will skip"
 fi
+# The ranker's load benchmark finds saturation with wrk (a C load generator); without it that benchmark says so.
+if ! command -v wrk >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null 2>&1 || echo "bootstrap: could not install wrk"
+fi
 touch "$STAMP"
