@@ -25,7 +25,7 @@ from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig, exp
 from serving.errors import NotReady, Overloaded, PayloadTooLarge, ServingError, error_response
 from serving.events import add_event_route
 from serving.metrics import CONTENT_TYPE, Metrics
-from serving.ranking import Recommender, build_recommender
+from serving.ranking import CACHE_OK, Recommender, build_recommender
 from storage.cache import open_cache
 from storage.cache_async import CacheReader, open_stores
 from storage.events import EventStore
@@ -137,13 +137,13 @@ def _add_routes(app: FastAPI, recommender: Recommender, metrics: Metrics) -> Non
 
     @app.get("/readyz")
     async def readyz() -> dict[str, str | None]:
-        """Return 200 when requests get answers (degraded: by the fallback while the cache is down), else 503."""
-        answers = await recommender.cache_answers()
-        metrics.degraded(not answers)
-        if not recommender.can_answer(answers):
-            raise NotReady("candidate cache unreachable and the fallback is off")
-        status = "ready" if answers else "degraded"
-        return {"status": status, "cache": "ok" if answers else "unavailable", "model_version": recommender.model_version}
+        """Return 200 when requests get answers (degraded: by the fallback, the cache down or empty), else 503."""
+        cache = await recommender.cache_state()
+        metrics.degraded(cache != CACHE_OK)
+        if not recommender.can_answer(cache):
+            raise NotReady(f"candidate cache {cache.replace('_', ' ')} and the fallback is off")
+        status = "ready" if cache == CACHE_OK else "degraded"
+        return {"status": status, "cache": cache, "model_version": recommender.model_version}
 
     @app.get("/metrics")
     async def metrics_text() -> Response:

@@ -34,6 +34,7 @@ from storage.lake import Lake
 log = logging.getLogger(__name__)
 
 POPULAR = "popular"
+CACHE_OK, CACHE_DOWN, NO_VERSION = "ok", "unavailable", "no_candidates_version"  # readiness's cache states
 RUNS_KEPT = 2  # the current run and the one before (a rollback target)
 
 
@@ -245,16 +246,20 @@ class Recommender:
         if scorer is not None:
             await self.scoring.score(scorer, np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
 
-    async def cache_answers(self) -> bool:
-        """Return True when the cache answers a ping now (closing the circuit if it does)."""
-        answers = self.reader is not None and await self.reader.ping()
-        if answers:
-            self.breaker.succeeded()
-        return answers
+    async def cache_state(self) -> str:
+        """Return the cache's state now: ok, unavailable, or no_candidates_version (it answers but serves no run)."""
+        if self.reader is None:
+            return CACHE_DOWN
+        try:
+            current = await self.reader.current()
+        except CacheUnavailable:
+            return CACHE_DOWN
+        self.breaker.succeeded()  # it answers: close the circuit
+        return CACHE_OK if current is not None else NO_VERSION
 
-    def can_answer(self, cache_answers: bool) -> bool:
-        """Return True when requests get answers: the cache answers, or the fallback covers it (degraded)."""
-        return cache_answers or self.fallback_on_cache_error
+    def can_answer(self, cache_state: str) -> bool:
+        """Return True when requests get answers: the cache serves a run, or the fallback covers it (degraded)."""
+        return cache_state == CACHE_OK or self.fallback_on_cache_error
 
 
 def first_run(cache: CandidateCache, lake: Lake) -> str:

@@ -57,6 +57,14 @@ class CacheReader(ABC):
         """Return True when the store answers."""
 
     @abstractmethod
+    async def current(self) -> str | None:
+        """Return the current candidates version (None: nothing published, e.g. a store restarted empty).
+
+        Raises:
+            CacheUnavailable: the store does not answer.
+        """
+
+    @abstractmethod
     async def close(self) -> None:
         """Release the connections."""
 
@@ -82,6 +90,14 @@ class RedisReader(CacheReader):
             raise CacheUnavailable(f"candidate cache unavailable at {self._where}: {exc or type(exc).__name__}") from exc
         events = {bytes(recent[i]).decode(): float(recent[i + 1]) for i in range(0, len(recent), 2)}
         return Found(None if run is None else bytes(run).decode(), None if entry is None else bytes(entry), events)
+
+    async def current(self) -> str | None:
+        """Return the current candidates version, read with GET."""
+        try:
+            value = await self.client.get(f"{self.prefix}:cand:current")
+        except _REDIS_DOWN as exc:
+            raise CacheUnavailable(f"candidate cache unavailable at {self._where}: {exc or type(exc).__name__}") from exc
+        return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
     async def ping(self) -> bool:
         """Return True when Redis answers PING."""
@@ -115,6 +131,10 @@ class SqliteReader(CacheReader):
         if row is None:
             return Found(None, None, recent)
         return Found(str(row[0]), None if row[1] is None else bytes(row[1]), recent)  # type: ignore[call-overload]  # a BLOB
+
+    async def current(self) -> str | None:
+        """Return the current candidates version from the file."""
+        return self._cache.current()
 
     async def ping(self) -> bool:
         """Return True when the file answers a query."""

@@ -291,9 +291,18 @@ def test_redis_stopped_and_restarted_mid_test(own_redis: dict[str, Any], served:
             assert down["fallback"] == "popular" and down["reason"] == "cache_unavailable"
             assert client.get("/readyz").json()["status"] == "degraded"  # the fallback answers: stay in the balancer
             own_redis["start"]()
-            wait_until(lambda: client.get("/readyz").json()["status"] == "ready", "readiness after the restart")
-            assert recommend(client, user_id)["reason"] == "no_candidates_version"  # back, but empty: not "unknown"
-            publish(cache, "r1", served.entries)  # started without persistence: the data is gone
+            wait_until(lambda: client.get("/readyz").json()["cache"] != "unavailable", "the cache answering again")
+            empty = client.get("/readyz")  # back, but empty (started without persistence): answers, degraded
+            assert empty.status_code == 200 and empty.json() | {"model_version": None} == {
+                "status": "degraded",
+                "cache": "no_candidates_version",
+                "model_version": None,
+            }
+            assert "nightscore_degraded 1.0" in client.get("/metrics").text
+            assert recommend(client, user_id)["reason"] == "no_candidates_version"  # not "unknown_user"
+            publish(cache, "r1", served.entries)
+            assert client.get("/readyz").json()["status"] == "ready"
+            assert "nightscore_degraded 0.0" in client.get("/metrics").text
             back = recommend(client, user_id)
             assert back["fallback"] is None and back["run_id"] == "r1"
             assert 'nightscore_fallbacks_total{reason="cache_unavailable"} 1.0' in client.get("/metrics").text
