@@ -20,6 +20,24 @@ if TYPE_CHECKING:
 UNGATED = {"NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN": "-1"}
 
 
+def nightly_command(cli: str | Path, inputs: Path, run_date: str, home: Path, items: Path | None = None) -> list[str]:
+    """Return the `nightscore run nightly` command line over a demo-inputs folder (items: another items file)."""
+    items_uri, interactions_uri = str(items or inputs / "items.parquet"), str(inputs / "interactions.parquet")
+    return [
+        str(cli),
+        "run",
+        "nightly",
+        "--items",
+        items_uri,
+        "--interactions",
+        interactions_uri,
+        "--run-date",
+        run_date,
+        "--home",
+        str(home),
+    ]
+
+
 def cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Return the row-wise cosine of two matrices, computed in float64."""
     a = a.astype(np.float64)

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from tests.flow.test_resilience import CLI, RUN_DATE
-from tests.helpers import UNGATED, demo_inputs
+from tests.helpers import UNGATED, demo_inputs, nightly_command
 from tests.servers import wait_for
 
 
@@ -34,19 +34,7 @@ def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subpro
     )
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
-        [
-            CLI,
-            "run",
-            "nightly",
-            "--items",
-            str(inputs / "items.parquet"),
-            "--interactions",
-            str(inputs / "interactions.parquet"),
-            "--run-date",
-            RUN_DATE,
-            "--home",
-            str(home),
-        ],
+        nightly_command(CLI, inputs, RUN_DATE, home),
         env=child,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from nightscore.errors import UsageError
 from nightscore.settings import load_settings
 from tasks.runner import build_runner
-from tests.helpers import UNGATED, demo_inputs
+from tests.helpers import UNGATED, demo_inputs, nightly_command
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -48,19 +48,7 @@ def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
         **env,
     )
     done = subprocess.run(
-        [
-            CLI,
-            "run",
-            "nightly",
-            "--items",
-            str(inputs / "items.parquet"),
-            "--interactions",
-            str(inputs / "interactions.parquet"),
-            "--run-date",
-            RUN_DATE,
-            "--home",
-            str(home),
-        ],
+        nightly_command(CLI, inputs, RUN_DATE, home),
         env=base,
         capture_output=True,
         text=True,

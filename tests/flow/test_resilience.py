@@ -22,7 +22,7 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import UNGATED, demo_inputs
+from tests.helpers import UNGATED, demo_inputs, nightly_command
 from tests.servers import wait_for
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -43,19 +43,7 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, item
         env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
-        [
-            CLI,
-            "run",
-            "nightly",
-            "--items",
-            str(items or inputs / "items.parquet"),
-            "--interactions",
-            str(inputs / "interactions.parquet"),
-            "--run-date",
-            RUN_DATE,
-            "--home",
-            str(home),
-        ],
+        nightly_command(CLI, inputs, RUN_DATE, home, items),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
