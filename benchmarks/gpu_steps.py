@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
-SUMMARY = re.compile(r"run \S+ \(\S+\) (\w+) in ([\d.]+)s on (\S+)")
+# "run <id> (<date>) published in 12.3s (the run 10.1s, Prefect start-up and the rest 2.2s) on cpu"
+SUMMARY = re.compile(r"run \S+ \(\S+\) (\w+) in ([\d.]+)s(?: \(the run ([\d.]+)s[^)]*\))? on (\S+)")
 STAGES = re.compile(r"stages \(s\): (.*)")
 WORKER_SHARD = re.compile(r"\(encode-shard pid=(\d+)\).*? shard (\d+): \d+ texts")
 
@@ -69,7 +70,8 @@ def figures(log: str, items: int) -> str:
     found = SUMMARY.search(log)
     if not found:
         return "no run summary in the log"
-    status, wall, device = found.group(1), float(found.group(2)), found.group(3)
+    status, device = found.group(1), found.group(4)
+    wall = float(found.group(3) or found.group(2))  # the run's own wall time, without Prefect's start-up
     stages = STAGES.search(log)
     per_million = wall / 3600 * 1_000_000 / max(items, 1)
     return (

@@ -62,7 +62,7 @@ def test_a_held_lock_fails_every_previous_run_lookup_and_the_run_clearly(
         err = capsys.readouterr().err
         failures = [line for line in err.splitlines() if line.startswith("nightscore:")]  # retry warnings may log too
         assert len(failures) == 1 and "locked by another process" in failures[0] and "unexpected" not in err, err
-        assert "Traceback" not in err
+        assert "Traceback" not in err, err
     finally:
         holder.kill()
         holder.wait()
