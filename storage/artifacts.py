@@ -22,9 +22,11 @@ from typing import Any
 
 import polars as pl
 
+from nightscore.errors import InputUnreadable
 from storage.lake import Lake
 
 MODEL_FILE, META_FILE, SERVING_FILE, NEIGHBOURS_FILE = "model.bin", "metadata.json", "serving.json", "neighbours.parquet"
+NEIGHBOUR_COLUMNS = {"item_id": pl.String(), "neighbour_id": pl.String(), "weight": pl.Float32()}
 
 
 def ranker_folder(lake: Lake, version: str) -> str:
@@ -61,8 +63,15 @@ def publish_neighbours(lake: Lake, run_id: str, neighbours: pl.DataFrame) -> str
 
 
 def read_neighbours(lake: Lake, path: str) -> pl.DataFrame:
-    """Return the neighbour table at a path under the lake root (serving.json's "neighbours"); InputUnreadable if absent."""
-    return lake.read_parquet(lake.uri(path), "neighbours", columns=["item_id", "neighbour_id", "weight"])
+    """Return the neighbour table at a path under the lake root (serving.json's "neighbours").
+
+    Raises:
+        InputUnreadable: the file is absent, unreadable, or lacks a column (or has it in another type).
+    """
+    frame = lake.read_parquet(lake.uri(path), "neighbours", columns=list(NEIGHBOUR_COLUMNS))
+    if dict(frame.schema) != NEIGHBOUR_COLUMNS:
+        raise InputUnreadable(f"neighbours file {path}: columns {dict(frame.schema)}, expected {NEIGHBOUR_COLUMNS}")
+    return frame
 
 
 def publish_serving(lake: Lake, run_id: str, serving: dict[str, Any], latest: bool) -> str:

@@ -14,7 +14,10 @@ from fastapi.testclient import TestClient
 from nightscore.settings import Settings
 from serving.app import create_app
 from serving.config import serving_config
+from serving.ranking import load_run
+from storage.artifacts import publish_serving, read_serving
 from storage.cache import CandidateCache, RedisCache, SqliteCache
+from storage.lake import Lake
 from tests.service.conftest import REDIS_URL, K, Served, publish
 from tests.service.test_events import event
 
@@ -84,3 +87,18 @@ def test_a_run_without_neighbours_serves_normally_with_the_boost_on(served: Serv
         assert off.post("/v1/events", json=event(user_id, clicked)).status_code == 202
         answer = ranked(on, user_id)
         assert answer["run_id"] == "r2" and answer["items"] == ranked(off, user_id)["items"]
+
+
+def test_neighbours_load_only_when_boosting_once_per_run_and_an_unreadable_file_only_loses_the_boost(served: Served) -> None:
+    lake = Lake(str(served.lake_root))
+    serving = read_serving(lake, "r1")
+    assert serving is not None
+    assert load_run(lake, "r1").neighbours is None  # boost off: not loaded
+    loaded = load_run(lake, "r1", neighbours={}).neighbours
+    assert loaded is not None and loaded.size == served.neighbours.height
+    known = {str(serving["neighbours"]): loaded}
+    assert load_run(lake, "r1", neighbours=known).neighbours is loaded  # a refresh does not re-read them
+    lake.write_parquet(pl.DataFrame({"item_id": ["a"]}), lake.uri("serving", "r3", "neighbours.parquet"))
+    publish_serving(lake, "r3", {**serving, "neighbours": "serving/r3/neighbours.parquet"}, latest=False)
+    run = load_run(lake, "r3", neighbours={})
+    assert run.neighbours is None and run.scorer is not None
