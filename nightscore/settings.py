@@ -146,6 +146,12 @@ class Settings(BaseSettings):
     cooc_neighbours: int = Field(100, ge=1, description="Co-visitation: neighbours kept per item (never a dense matrix).")
     cooc_alpha: float = Field(0.5, ge=0, le=1, description="Co-visitation: normalisation exponent (0.5 = cosine).")
     cooc_pairs_per_pass: int = Field(20_000_000, ge=1_000, description="Co-visitation: pairs aggregated per pass (memory bound).")
+    cooc_serving_neighbours: int = Field(
+        20,
+        ge=0,
+        description="Co-visitation: neighbours per item published for the online ranker's boost "
+        "(serving/<run_id>/neighbours.parquet; 0: none published).",
+    )
     als_factors: int = Field(64, ge=1, description="ALS: latent factors.")
     als_regularization: float = Field(0.05, ge=0, description="ALS: L2 regularisation.")
     als_alpha: float = Field(10.0, gt=0, description="ALS: confidence scaling of an interaction.")

@@ -47,6 +47,12 @@ class ServingConfig(BaseSettings):
     events_retention_s: float = Field(172_800.0, gt=0, description="How long events are kept (stream trim, recent items).")
     events_max: int = Field(1_000_000, ge=1, description="Events held at most; more are refused with 429 until exported.")
     exclude_recent: bool = Field(True, description="Drop candidates the user interacted with after their run was computed.")
+    cooc_boost: float = Field(
+        0.0,
+        ge=0,
+        description="Add this x a candidate's co-visitation with the user's fresh events to its score (0: off; "
+        "the run's neighbours are then not loaded).",
+    )
 
 
 CONFIG_VARIABLE = "NIGHTSCORE_SERVING_CONFIG_JSON"  # how `serve --workers N` hands the options to each worker

@@ -5,7 +5,9 @@ the only thread hop is loading a run's artifacts from the lake (once per run, an
 
 Each published run serves with its own ranker (``serving/<run_id>/serving.json`` in the lake names the version, the
 feature set of its entries and its trending items), so a pointer switch or a rollback changes candidates and ranker
-together. A cache entry carries the candidates' feature rows: the service only scores them.
+together. A cache entry carries the candidates' feature rows: the service only scores them. With ``cooc_boost`` on,
+the run's co-visitation neighbours (loaded once per run) lift the candidates that co-occur with the user's fresh
+events (serving/boost.py).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import numpy as np
 from models.ranker_models import Scorer, scorer_from_bytes
 from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
 from serving.batcher import Scoring
+from serving.boost import Neighbours, boost_scores, neighbours_from_frame
 from serving.breaker import Breaker
 from serving.config import ServingConfig
-from storage.artifacts import latest_serving_run, read_scorer_bytes, read_serving
+from storage.artifacts import latest_serving_run, read_neighbours, read_scorer_bytes, read_serving
 from storage.cache import CandidateCache
 from storage.cache_async import CacheReader, Found
 from storage.candidate_payload import CandidateEntry, decode_entry
@@ -75,10 +78,29 @@ class RunServing:
     fallback_scores: list[float]
     loaded_at: float
     computed_at: float = 0.0  # epoch s of the run's reference time: events after it are newer than its candidates
+    neighbours: Neighbours | None = None  # loaded only when boosting, and when the run published them
+    neighbours_path: str | None = None
 
 
-def load_run(lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None) -> RunServing:
+def load_neighbours(lake: Lake, run_id: str, path: str | None, known: dict[str, Neighbours]) -> Neighbours | None:
+    """Return a run's neighbours (known ones are not re-read); None without them, or when unreadable (logged)."""
+    if path is None or path in known:
+        return known.get(path or "")
+    try:
+        neighbours = neighbours_from_frame(read_neighbours(lake, path))
+    except (NightscoreError, OSError) as exc:
+        log.error("run %s serves without its co-visitation boost: %s", run_id, exc)
+        return None
+    log.info("run %s: %d co-visitation neighbour pairs loaded", run_id, neighbours.size)
+    return neighbours
+
+
+def load_run(
+    lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None, neighbours: dict[str, Neighbours] | None = None
+) -> RunServing:
     """Return a published run's serving artifacts, read from the lake (a ranker version in scorers is not re-read).
+
+    Neighbours are loaded only when ``neighbours`` is given (the boost is on); those in it, by path, are not re-read.
 
     Raises:
         ModelLoadError: the run has no serving.json, or its ranker cannot be read.
@@ -92,7 +114,7 @@ def load_run(lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None) 
         scorer = known or (scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None)
     except (NightscoreError, OSError) as exc:
         raise ModelLoadError(f"cannot load what run {run_id} serves with: {exc}") from exc
-    computed = serving.get("computed_at")
+    computed, path = serving.get("computed_at"), serving.get("neighbours")
     return RunServing(
         run_id,
         scorer,
@@ -102,14 +124,16 @@ def load_run(lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None) 
         [float(v) for v in serving.get("fallback_scores") or []],
         time.monotonic(),
         datetime.fromisoformat(computed).timestamp() if computed else 0.0,
+        None if neighbours is None else load_neighbours(lake, run_id, path, neighbours),
+        path,
     )
 
 
 class RunStore:
     """The serving artifacts of the runs the cache pointer names, loaded once per run and refreshed in the background."""
 
-    def __init__(self, lake: Lake, first_run: str, refresh_s: float) -> None:
-        self._lake, self._refresh_s = lake, refresh_s
+    def __init__(self, lake: Lake, first_run: str, refresh_s: float, with_neighbours: bool = False) -> None:
+        self._lake, self._refresh_s, self._with_neighbours = lake, refresh_s, with_neighbours
         self._lock = threading.Lock()  # _load also runs in worker threads
         self._runs: dict[str, RunServing] = {}
         self._refreshing: set[str] = set()
@@ -137,7 +161,8 @@ class RunStore:
     def _load(self, run_id: str) -> RunServing:
         with self._lock:  # a refresh re-reads serving.json only: rebuilding a booster would hold the GIL for ms
             scorers = {r.version: r.scorer for r in self._runs.values() if r.version and r.scorer is not None}
-        run = load_run(self._lake, run_id, scorers)
+            known = {r.neighbours_path: r.neighbours for r in self._runs.values() if r.neighbours_path and r.neighbours}
+        run = load_run(self._lake, run_id, scorers, known if self._with_neighbours else None)
         with self._lock:
             self._runs[run_id] = run
             for old in list(self._runs)[:-RUNS_KEPT]:
@@ -157,8 +182,9 @@ class Recommender:
         on_fallback: Callable[[str], None] = lambda reason: None,
         exclude_recent: bool = True,
         breaker_open_s: float = 1.0,
+        cooc_boost: float = 0.0,
     ) -> None:
-        self.runs, self.scoring, self.exclude_recent = runs, scoring, exclude_recent
+        self.runs, self.scoring, self.exclude_recent, self.cooc_boost = runs, scoring, exclude_recent, cooc_boost
         self.reader: CacheReader | None = None  # opened in the worker's event loop (serving.app's lifespan)
         self.breaker = Breaker(breaker_open_s)
         self.fallback_on_cache_error = fallback_on_cache_error
@@ -215,17 +241,23 @@ class Recommender:
             return self.popular(user_id, n, "bad_payload", run)
         if not entry.item_ids:
             return self.popular(user_id, n, "no_candidates", run)
-        scores = await self.scores(run, entry)
+        fresh = self._fresh(found, run)
+        scores = self._boosted(await self.scores(run, entry), run, entry, fresh)
         order = np.lexsort((np.arange(len(scores)), -scores))
-        seen = self._seen(found, run)
+        seen = fresh if self.exclude_recent else set()
         top = [i for i in order if entry.item_ids[i] not in seen][:n] if seen else order[:n]
         return Recommendation(user_id, [entry.item_ids[i] for i in top], scores[top].tolist(), run.run_id, run.version)
 
-    def _seen(self, found: Found, run: RunServing) -> set[str]:
-        """Return the items the user interacted with after the run's candidates were computed (when excluding)."""
-        if not self.exclude_recent:
-            return set()
+    @staticmethod
+    def _fresh(found: Found, run: RunServing) -> set[str]:
+        """Return the items the user interacted with after the run's candidates were computed."""
         return {item for item, ts in found.recent.items() if ts >= run.computed_at}
+
+    def _boosted(self, scores: np.ndarray, run: RunServing, entry: CandidateEntry, fresh: set[str]) -> np.ndarray:
+        """Return the scores plus cooc_boost x each candidate's co-visitation with the fresh items (as is when off)."""
+        if self.cooc_boost <= 0 or run.neighbours is None or not fresh:
+            return scores
+        return scores + np.float32(self.cooc_boost) * boost_scores(run.neighbours, fresh, entry.item_ids)
 
     async def scores(self, run: RunServing, entry: CandidateEntry) -> np.ndarray:
         """Return the ranker's scores of an entry's candidates (their own order, descending, without a usable ranker)."""
@@ -287,6 +319,8 @@ def build_recommender(
         ModelLoadError: no published run, or its serving artifacts cannot be loaded.
     """
     lake = Lake(config.lake_root, config.lake_options)
-    runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s)
+    runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s, config.cooc_boost > 0)
     log.info("serving run %s with ranker %s", runs.latest.run_id, runs.latest.version)
-    return Recommender(runs, scoring, config.fallback, on_fallback, config.exclude_recent, config.breaker_open_s)
+    return Recommender(
+        runs, scoring, config.fallback, on_fallback, config.exclude_recent, config.breaker_open_s, config.cooc_boost
+    )

@@ -7,6 +7,9 @@ Layout (under the lake root, so an s3:// lake serves a service on another host):
 - ``serving/<run_id>/serving.json``: written when a run publishes: its ranker version, the feature set of its
   cache entries, and the trending items answered to users the run has not seen. A rollback brings back the run's
   own ranker with its candidates;
+- ``serving/<run_id>/neighbours.parquet``: the run's co-visitation neighbours (item_id, neighbour_id, weight), a
+  few per item, named in its serving.json (``"neighbours"``, a path under the lake root; null without them): the
+  service boosts the candidates that co-occur with a user's fresh events;
 - ``serving/latest.json``: ``{"run_id": ...}`` of the newest published run (a service whose cache is down starts
   from it).
 """
@@ -17,9 +20,13 @@ import json
 import posixpath
 from typing import Any
 
+import polars as pl
+
+from nightscore.errors import InputUnreadable
 from storage.lake import Lake
 
-MODEL_FILE, META_FILE, SERVING_FILE = "model.bin", "metadata.json", "serving.json"
+MODEL_FILE, META_FILE, SERVING_FILE, NEIGHBOURS_FILE = "model.bin", "metadata.json", "serving.json", "neighbours.parquet"
+NEIGHBOUR_COLUMNS = {"item_id": pl.String(), "neighbour_id": pl.String(), "weight": pl.Float32()}
 
 
 def ranker_folder(lake: Lake, version: str) -> str:
@@ -46,6 +53,25 @@ def read_scorer_bytes(lake: Lake, version: str) -> tuple[bytes, bytes]:
 def serving_uri(lake: Lake, run_id: str) -> str:
     """Return the URI of a published run's serving.json."""
     return lake.uri("serving", run_id, SERVING_FILE)
+
+
+def publish_neighbours(lake: Lake, run_id: str, neighbours: pl.DataFrame) -> str:
+    """Write a run's neighbour table to serving/<run_id>/neighbours.parquet; return its path under the lake root."""
+    path = posixpath.join("serving", run_id, NEIGHBOURS_FILE)
+    lake.write_parquet(neighbours, lake.uri(path))
+    return path
+
+
+def read_neighbours(lake: Lake, path: str) -> pl.DataFrame:
+    """Return the neighbour table at a path under the lake root (serving.json's "neighbours").
+
+    Raises:
+        InputUnreadable: the file is absent, unreadable, or lacks a column (or has it in another type).
+    """
+    frame = lake.read_parquet(lake.uri(path), "neighbours", columns=list(NEIGHBOUR_COLUMNS))
+    if dict(frame.schema) != NEIGHBOUR_COLUMNS:
+        raise InputUnreadable(f"neighbours file {path}: columns {dict(frame.schema)}, expected {NEIGHBOUR_COLUMNS}")
+    return frame
 
 
 def publish_serving(lake: Lake, run_id: str, serving: dict[str, Any], latest: bool) -> str:

@@ -12,8 +12,9 @@ In order (models/candidates.py holds the pure functions):
    candidates with their feature rows (``candidate_entries.parquet``: one cache entry per user) and the ranker.
 
 Produces ``user_candidates.parquet``, ``candidate_entries.parquet``, ``retrieval_metrics.parquet``, ``serving.json``
-(the ranker version, its feature set and the trending list for users nobody has seen) and the ranker's files in
-``<lake>/models/ranker/<version>/``.
+(the ranker version, its feature set, the trending list for users nobody has seen and the neighbours' path), the
+ranker's files in ``<lake>/models/ranker/<version>/`` and the co-visitation neighbours the service boosts with
+(``<lake>/serving/<run_id>/neighbours.parquet``, top ``cooc_serving_neighbours`` per item).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ from models.ranker_training import RankerParams
 from models.retrieval import ITEM_BLOCK, ItemChunks
 from models.sources.als import AlsParams
 from models.sources.base import encode_run
-from models.sources.cooccurrence import CooccurrenceParams
+from models.sources.cooccurrence import CooccurrenceParams, CooccurrenceSource, neighbour_frame
 from models.sources.popularity import PopularityParams, trending_scores
 from nightscore.errors import ContractViolation
 from nightscore.settings import Settings
-from storage.artifacts import publish_scorer
+from storage.artifacts import publish_neighbours, publish_scorer
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
@@ -264,10 +265,22 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
             "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
             "fallback_scores": [float(v) for v in trending[top]],
             "computed_at": run.reference_time.isoformat(),
+            "neighbours": publish_run_neighbours(lake, run, final),
         },
         run.path("serving.json"),
     )  # events after it are new
     return version
+
+
+def publish_run_neighbours(lake: Lake, run: RunRef, final: Final) -> str | None:
+    """Write the co-visitation neighbours the service boosts with; return their lake path (None: no such source, or 0 kept)."""
+    top = run.settings.cooc_serving_neighbours
+    fitted = next((s for s in final.sources if isinstance(s, CooccurrenceSource)), None)
+    if fitted is None or top == 0:
+        return None
+    frame = neighbour_frame(fitted, final.catalogue.item_ids, top)
+    log.info("serving neighbours: %d rows (%d per item at most)", frame.height, top)
+    return publish_neighbours(lake, run.run_id, frame)
 
 
 def _finite(value: float) -> float | None:

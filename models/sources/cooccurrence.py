@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import scipy.sparse as sp
 
 from models.sources.base import History, Lists, drop_seen, empty_lists, top_n_per_row, user_item_matrix
@@ -135,3 +136,29 @@ def fit_cooccurrence(history: History, params: CooccurrenceParams = Cooccurrence
     profiles = sp.csr_matrix((seq.weights, (seq.users, seq.items)), shape=(history.n_users, history.n_items), dtype=np.float32)
     log.info("co-visitation: %d pairs in %d passes, %d kept neighbour entries", n_pairs, n_parts, table.nnz)
     return CooccurrenceSource(table, profiles, user_item_matrix(history), params.score_chunk)
+
+
+NEIGHBOUR_SCHEMA = {"item_id": pl.String(), "neighbour_id": pl.String(), "weight": pl.Float32()}
+
+
+def neighbour_frame(fitted: CooccurrenceSource, item_ids: pl.Series, top: int) -> pl.DataFrame:
+    """Return the fitted table's ``top`` best neighbours of each item as (item_id, neighbour_id, weight), best first.
+
+    Args:
+        fitted: a fitted co-visitation source.
+        item_ids: the catalogue's item ids, in the table's row order.
+        top: neighbours kept per item (the table already holds at most ``CooccurrenceParams.neighbours``).
+    """
+    coo = fitted.table.tocoo()
+    positive = coo.data > 0
+    kept = top_n_per_row(coo.row[positive], coo.col[positive], coo.data[positive], fitted.table.shape[0], top)
+    filled = kept.rows >= 0
+    rows = np.repeat(np.arange(fitted.table.shape[0], dtype=np.int64), top).reshape(filled.shape)[filled]
+    return pl.DataFrame(
+        {
+            "item_id": item_ids.gather(rows),
+            "neighbour_id": item_ids.gather(kept.rows[filled].astype(np.int64)),
+            "weight": kept.scores[filled],
+        },
+        schema=NEIGHBOUR_SCHEMA,
+    )

@@ -11,7 +11,7 @@ from flows.params import NightlyParams
 from nightscore.errors import ContractViolation
 from nightscore.output import summary_text
 from nightscore.settings import load_settings
-from storage.artifacts import read_scorer_bytes, read_serving
+from storage.artifacts import read_neighbours, read_scorer_bytes, read_serving
 from storage.candidate_payload import decode_entry
 from storage.resources import cache_for, lake_for, warehouse_for
 from tasks.results import Published
@@ -55,6 +55,11 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
     serving = read_serving(lake, published.run_id)
     assert serving is not None and serving["ranker_version"] == published.record.ranker_version
     assert read_scorer_bytes(lake, serving["ranker_version"])
+    # the co-visitation neighbours the service boosts with, capped per item and named in serving.json
+    assert serving["neighbours"] == f"serving/{published.run_id}/neighbours.parquet"
+    neighbours = read_neighbours(lake, serving["neighbours"])
+    per_item = neighbours.group_by("item_id").len().get_column("len").to_list()
+    assert neighbours.height > 0 and max(per_item) <= load_settings().cooc_serving_neighbours
     with cache_for(load_settings()) as cache:
         user = warehouse.query("SELECT user_id FROM latest_user_candidates LIMIT 1").rows[0][0]
         cached = cache.read(user)

@@ -2,7 +2,8 @@
 
 `served` runs the candidate stage (models/candidates.py: sources, fusion, a LightGBM ranker) on a small demo
 catalogue, then writes what a published run leaves for serving: the ranker in the lake, serving/<run>/serving.json
-and one cache entry (encode_entry) per user. No Prefect: the flow tier covers the nightly run itself.
+(r1 also with its co-visitation neighbours, r2 without) and one cache entry (encode_entry) per user. No Prefect: the
+flow tier covers the nightly run itself.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import redis
 
@@ -24,9 +26,10 @@ from models.ranker_models import Scorer, scorer_to_bytes
 from models.ranker_training import RankerParams
 from models.retrieval import ItemChunks
 from models.sources.base import encode_run
+from models.sources.cooccurrence import CooccurrenceSource, neighbour_frame
 from models.sources.popularity import trending_scores
 from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
-from storage.artifacts import publish_scorer, publish_serving
+from storage.artifacts import publish_neighbours, publish_scorer, publish_serving
 from storage.cache import CandidateCache
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
@@ -36,17 +39,19 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 RUN_IDS = ("r1", "r2")
 K = 30
 FALLBACK_ITEMS = 100
+NEIGHBOURS = 20
 
 
 @dataclass(frozen=True)
 class Served:
-    """A lake with runs r1 and r2 published for serving (same ranker), and the cache entries to publish."""
+    """A lake with runs r1 and r2 published for serving (same ranker; r1 with neighbours), and the cache entries to publish."""
 
     lake_root: Path
     scorer: Scorer
     entries: dict[str, bytes]
     fallback: list[str]
     computed_at: str
+    neighbours: pl.DataFrame  # r1's (item_id, neighbour_id, weight)
 
 
 def free_port() -> int:
@@ -62,8 +67,15 @@ def publish(cache: CandidateCache, run_id: str, entries: dict[str, bytes]) -> No
     cache.switch_current(run_id)
 
 
-def _write_run(lake: Lake, run_id: str, scorer: Scorer, fallback: tuple[list[str], list[float]], computed_at: str) -> None:
-    """Write the ranker and a run's serving.json as the candidate stage and publish-serving do."""
+def _write_run(
+    lake: Lake,
+    run_id: str,
+    scorer: Scorer,
+    fallback: tuple[list[str], list[float]],
+    computed_at: str,
+    neighbours: pl.DataFrame | None,
+) -> None:
+    """Write the ranker, a run's neighbours and its serving.json as the candidate stage and publish-serving do."""
     version = publish_scorer(lake, *scorer_to_bytes(scorer, {"trained_on": run_id}))
     names = list(scorer.feature_names)
     serving = {
@@ -75,6 +87,7 @@ def _write_run(lake: Lake, run_id: str, scorer: Scorer, fallback: tuple[list[str
         "fallback_items": fallback[0],
         "fallback_scores": fallback[1],
         "computed_at": computed_at,
+        "neighbours": None if neighbours is None else publish_neighbours(lake, run_id, neighbours),
     }
     publish_serving(lake, run_id, serving, latest=True)
 
@@ -101,9 +114,12 @@ def build_served(lake_root: Path, n_items: int = 400, n_users: int = 120, k: int
     trending = trending_scores(final.history, config.popularity.trend_half_life_days)
     top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
     fallback = (catalogue.item_ids.gather(top).to_list(), [float(v) for v in trending[top]])
+    cooc = next(s for s in final.sources if isinstance(s, CooccurrenceSource))
+    neighbours = neighbour_frame(cooc, catalogue.item_ids, NEIGHBOURS)
     for run_id in RUN_IDS:
-        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat())
-    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat())
+        own = neighbours if run_id == "r1" else None
+        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat(), own)
+    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat(), neighbours)
 
 
 @pytest.fixture(scope="session")
