@@ -16,6 +16,13 @@ from nightscore.errors import is_expected
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s%(run)s: %(message)s"
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+def run_formatter() -> logging.Formatter:
+    """Return the FORMAT formatter; ``run`` defaults to "" where no RunNameFilter set it (a handler without one)."""
+    return logging.Formatter(FORMAT, defaults={"run": ""})
+
+
 NOISY = ("httpx", "urllib3", "filelock", "great_expectations")
 
 
@@ -37,7 +44,7 @@ class OneLine(logging.Formatter):
 
     def __init__(self, inner: logging.Formatter | None, expected_only: bool) -> None:
         super().__init__()
-        self.inner = inner or logging.Formatter(FORMAT)
+        self.inner = inner or logging.Formatter()  # a handler without a formatter formats the message only
         self.expected_only = expected_only
 
     def format(self, record: logging.LogRecord) -> str:
@@ -76,7 +83,7 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
             root.removeHandler(old)  # one log file per command (tests run many commands in one process)
             old.close()
         file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=True)  # no file until a record comes
-        file_handler.setFormatter(logging.Formatter(FORMAT))
+        file_handler.setFormatter(run_formatter())
         file_handler.addFilter(RunNameFilter())
         root.addHandler(file_handler)
     for name in RUN_LOGGERS:
@@ -103,6 +110,6 @@ def _console(handler: logging.Handler, verbose: bool) -> None:
     handler.addFilter(RunNameFilter())
     handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     if handler.formatter is None:
-        handler.setFormatter(logging.Formatter(FORMAT))
+        handler.setFormatter(run_formatter())
     if not verbose and not isinstance(handler.formatter, OneLine):
         handler.setFormatter(OneLine(handler.formatter, expected_only=False))

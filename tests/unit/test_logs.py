@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from nightscore.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
-from nightscore.logs import OneLine, RunNameFilter
+from nightscore.logs import OneLine, RunNameFilter, run_formatter
 
 FORMAT = "%(name)s%(run)s: %(message)s"
 
@@ -72,3 +72,11 @@ def test_unexpected_failures_keep_their_traceback_where_only_expected_ones_lose_
 )
 def test_one_table_maps_errors_to_exit_codes(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code
+
+
+def test_a_handler_without_formatter_or_run_filter_still_formats() -> None:
+    # Prefect's API log handler has no formatter and no RunNameFilter: wrapping it once raised KeyError('run')
+    # inside Prefect's emit, which printed a "--- Logging error ---" traceback on stderr.
+    record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, "Finished in state %s", ("Failed()",), None)
+    assert OneLine(None, expected_only=True).format(record) == "Finished in state Failed()"
+    assert run_formatter().format(record).endswith("prefect.flow_runs: Finished in state Failed()")
