@@ -107,7 +107,14 @@ def ray_check(items: int, work: Path) -> str:
         servers.PREFECT = str(shim)
 
     inputs = demo_inputs(work / "inputs", items, max(items // 5, 10))
-    small = {"NIGHTSCORE_SHARD_SIZE": str(max(items // 8, 16))}
+    # one pinned mode for both runs: auto calibrates in each run and may pick another mode under load, which would
+    # compare calibration noise, not the task runner
+    cuda = os.environ.get("NIGHTSCORE_DEVICE") == "cuda"
+    small = {
+        "NIGHTSCORE_SHARD_SIZE": str(max(items // 8, 16)),
+        "NIGHTSCORE_BACKEND": os.environ.get("NIGHTSCORE_BACKEND", "torch"),
+        "NIGHTSCORE_PRECISION": os.environ.get("NIGHTSCORE_PRECISION", "bf16" if cuda else "fp32"),
+    }
     started = time.perf_counter()
     (work / "prefect").mkdir(parents=True, exist_ok=True)
     with servers.prefect_server(work / "prefect") as api:
