@@ -507,7 +507,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         print(f"CPU: {cpu_flags()}\n")
         print(render(rows))
         if saturation:
-            print(f"\nsaturation: wrk {wrk_version()} closed loop, one thread, the same mix, {args.duration:g} s per row\n")
+            print(f"\nsaturation: {wrk_version()} closed loop, one thread, the same mix, {args.duration:g} s per row\n")
             print(render_saturation(saturation))
         else:
             print("\nsaturation: wrk not installed (the setup installs Debian's wrk where it may); see the fixed rates above")
