@@ -205,6 +205,8 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
         "NIGHTSCORE_DEVICE": "cpu",
         "NIGHTSCORE_TOKEN_BUDGET": "8192",
         "NIGHTSCORE_SHARD_SIZE": str(shard_size),
+        # synthetic interactions have no structure a recommender could learn: measure memory, never gate on quality
+        "NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN": "-1",
         "PYTHONUNBUFFERED": "1",
     }
     cmd = [

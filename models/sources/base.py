@@ -183,19 +183,33 @@ def empty_lists(n_users: int, n: int) -> Lists:
     return Lists(np.full((n_users, n), -1, dtype=np.int32), np.full((n_users, n), -np.inf, dtype=np.float32))
 
 
+def _ranked(rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return the triple sorted by row, value desc, col asc, and each entry's position within its row."""
+    order = np.lexsort((cols, -values, rows))
+    rows, cols, values = rows[order], cols[order], values[order]
+    first = np.r_[True, rows[1:] != rows[:-1]] if len(rows) else np.zeros(0, dtype=bool)
+    starts = np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
+    return rows, cols, values, np.arange(len(rows)) - starts
+
+
 def top_n_per_row(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n_rows: int, n: int) -> Lists:
     """Return the top-n (value desc, col asc) entries of each row of a sparse (rows, cols, values) triple."""
     out = empty_lists(n_rows, n)
     if len(rows) == 0:
         return out
-    order = np.lexsort((cols, -values, rows))
-    rows, cols, values = rows[order], cols[order], values[order]
-    starts = np.searchsorted(rows, np.arange(n_rows))
-    position = np.arange(len(rows)) - starts[rows]
+    rows, cols, values, position = _ranked(rows, cols, values)
     keep = position < n
     out.rows[rows[keep], position[keep]] = cols[keep]
     out.scores[rows[keep], position[keep]] = values[keep]
     return out
+
+
+def top_n_entries(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the top-n entries of each row of a sparse triple as a triple (rows ascending, best first): memory in
+    entries kept, never rows x n (a catalogue's items x neighbours is mostly empty)."""
+    rows, cols, values, position = _ranked(rows, cols, values)
+    keep = position < n
+    return rows[keep], cols[keep], values[keep]
 
 
 def drop_seen(seen: sp.csr_matrix, users: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

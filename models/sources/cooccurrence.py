@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from models.sources.base import History, Lists, drop_seen, empty_lists, top_n_per_row, user_item_matrix
+from models.sources.base import History, Lists, drop_seen, empty_lists, top_n_entries, top_n_per_row, user_item_matrix
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,8 @@ def _pass_table(
     coo = table.tocoo()
     a = coo.row.astype(np.int64) * n_parts + part
     sim = coo.data / (mass[a] ** params.alpha * mass[coo.col] ** (1.0 - params.alpha))
-    kept = top_n_per_row(coo.row, coo.col, sim.astype(np.float32), n_rows, params.neighbours)
-    filled = kept.rows >= 0
-    a_rows = np.repeat(np.arange(n_rows, dtype=np.int64) * n_parts + part, params.neighbours).reshape(filled.shape)
-    return a_rows[filled], kept.rows[filled].astype(np.int64), kept.scores[filled]
+    rows_kept, b, kept = top_n_entries(coo.row, coo.col, sim.astype(np.float32), params.neighbours)
+    return rows_kept.astype(np.int64) * n_parts + part, b.astype(np.int64), kept
 
 
 class CooccurrenceSource:
@@ -151,14 +149,12 @@ def neighbour_frame(fitted: CooccurrenceSource, item_ids: pl.Series, top: int) -
     """
     coo = fitted.table.tocoo()
     positive = coo.data > 0
-    kept = top_n_per_row(coo.row[positive], coo.col[positive], coo.data[positive], fitted.table.shape[0], top)
-    filled = kept.rows >= 0
-    rows = np.repeat(np.arange(fitted.table.shape[0], dtype=np.int64), top).reshape(filled.shape)[filled]
+    rows, cols, weights = top_n_entries(coo.row[positive], coo.col[positive], coo.data[positive], top)
     return pl.DataFrame(
         {
-            "item_id": item_ids.gather(rows),
-            "neighbour_id": item_ids.gather(kept.rows[filled].astype(np.int64)),
-            "weight": kept.scores[filled],
+            "item_id": item_ids.gather(rows.astype(np.int64)),
+            "neighbour_id": item_ids.gather(cols.astype(np.int64)),
+            "weight": weights.astype(np.float32),
         },
         schema=NEIGHBOUR_SCHEMA,
     )
