@@ -137,15 +137,7 @@ def sample_split(split: Split, max_users: int, seed: int) -> Split:
     """Return the split restricted to a seeded sample of at most max_users of its users."""
     if len(split.users) <= max_users:
         return split
-    users = np.sort(np.random.default_rng(seed).choice(split.users, size=max_users, replace=False))
-    keep = np.isin(split.relevant_users, users)
-    return replace(
-        split,
-        users=users,
-        relevant_users=split.relevant_users[keep],
-        relevant_items=split.relevant_items[keep],
-        cold=split.cold[keep],
-    )
+    return _restricted(split, np.sort(np.random.default_rng(seed).choice(split.users, size=max_users, replace=False)))
 
 
 def _history(log_: EncodedLog, catalogue: Catalogue, mask: np.ndarray | None, now: datetime, config: CandidateConfig) -> History:
@@ -205,7 +197,11 @@ def _context(history: History, catalogue: Catalogue, config: CandidateConfig) ->
 
 def subset_split(split: Split, positions: np.ndarray) -> Split:
     """Return the split restricted to the users at the given ascending positions of split.users."""
-    users = split.users[positions]
+    return _restricted(split, split.users[positions])
+
+
+def _restricted(split: Split, users: np.ndarray) -> Split:
+    """Return the split with only these users and their held-out pairs."""
     keep = np.isin(split.relevant_users, users)
     return replace(
         split,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import servers
+from tests.helpers import UNGATED
 
 
 @pytest.fixture
@@ -17,8 +18,8 @@ def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> P
     monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
     monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
     monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
-    # a few hundred rows measure candidates too noisily to gate them: the gate has tests of its own (test_candidates_flow)
-    monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN", "-1")
+    for name, value in UNGATED.items():
+        monkeypatch.setenv(name, value)
     return home
 
 
