@@ -258,3 +258,11 @@ def _rst(sock: socket.socket) -> None:
 def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.close()
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:
+    """Yield a resetting proxy in front of the session's moto_server."""
+    relay = ResettingProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    yield relay
+    relay.close()

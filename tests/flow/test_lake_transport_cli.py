@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,7 @@ from nightscore.demo_data import generate_demo_data
 from storage.lake import Lake
 from tests.flow.test_resilience import CLI
 from tests.helpers import UNGATED
-from tests.servers import ResettingProxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:
-    """Yield a resetting proxy in front of the session's moto_server."""
-    relay = ResettingProxy(int(s3_endpoint.rsplit(":", 1)[1]))
-    yield relay
-    relay.close()
+from tests.servers import ResettingProxy, proxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
 
 
 @pytest.fixture

@@ -18,17 +18,9 @@ import redis
 from nightscore.errors import CacheUnavailable, InputUnreadable, LakeUnavailable
 from storage.cache import open_cache
 from storage.lake import Lake
-from tests.servers import ResettingProxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
+from tests.servers import ResettingProxy, proxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
 
 ONE_BOTO_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}  # each lake attempt is one request here
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[ResettingProxy]:
-    """Yield a resetting proxy in front of the session's moto_server."""
-    relay = ResettingProxy(int(s3_endpoint.rsplit(":", 1)[1]))
-    yield relay
-    relay.close()
 
 
 @pytest.fixture
