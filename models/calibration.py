@@ -15,7 +15,8 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,12 +35,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: modes carry streams; OpenVINO int8 is static
 CPU_PRECISIONS = ("fp32", "bf16", "int8")
 CUDA_PRECISIONS = ("bf16", "fp16", "fp32")
 CPU_BUDGETS = (1024, 2048, 4096)
 CUDA_BUDGETS = (16384, 32768, 65536, 131072)
 SHAPE_MULTIPLES = (1, 16)  # tried for the finalists: does padding lengths to 16 help a runtime's kernels?
+STREAM_COUNTS = (2, 4)  # tried for the finalists of a multi-stream backend (never more than the threads)
 REPEATS = 2
 FINALISTS = 2
 TIE = 0.05  # trials within 5% of the fastest are a tie on a shared machine (repeated passes swing more than that)
@@ -48,18 +50,20 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx51
 
 @dataclass(frozen=True)
 class Mode:
-    """One way to run the model: backend, precision, token budget per batch, batch-length multiple."""
+    """One way to run the model: backend, precision, token budget per batch, batch-length multiple, streams."""
 
     backend: str
     precision: str
     token_budget: int
     length_multiple: int = 1
+    streams: int = 1  # batches run at once (OpenVINO CPU streams, the threads split between them)
 
     @property
     def label(self) -> str:
-        """Return 'backend/precision@budget' (and '/xN' when lengths are padded to a multiple N)."""
+        """Return 'backend/precision@budget' (and '/xN' for lengths padded to a multiple N, '/sN' for N streams)."""
         pad = f"/x{self.length_multiple}" if self.length_multiple > 1 else ""
-        return f"{self.backend}/{self.precision}@{self.token_budget}{pad}"
+        streams = f"/s{self.streams}" if self.streams > 1 else ""
+        return f"{self.backend}/{self.precision}@{self.token_budget}{pad}{streams}"
 
 
 @dataclass
@@ -220,7 +224,8 @@ def calibrate_or_load(
     stored = None if spec.recalibrate else _read_persisted(spec, info, device, threads)
     if stored is not None:
         mode = Mode(**stored["mode"])
-        backend = load_backend(mode.backend, _request(spec, info, module, mode.precision, device, threads, tokenizer))
+        request = _request(spec, info, module, mode.precision, device, threads, tokenizer, mode.streams)
+        backend = load_backend(mode.backend, request)
         backend.length_multiple = mode.length_multiple
         calibration = Calibration(
             mode, Fidelity(**stored["fidelity"]), stored["tokens_per_s"], stored["key"]["device_kind"], 0.0, True, stored["table"]
@@ -289,7 +294,7 @@ def run_calibration(
         info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)), device, default
     )
     expected = _vectors(reference, corpus)
-    loaded: dict[tuple[str, str], TextEncoder] = {}
+    loaded: dict[tuple[str, str, int], TextEncoder] = {}
     trials: list[Trial] = []
     for backend_name, precision in candidates(spec, device):
         trial = Trial(Mode(backend_name, precision, default), floor_for(precision, spec.float_floor, spec.int8_floor))
@@ -299,17 +304,23 @@ def run_calibration(
             continue
         trial.fidelity = _combined_fidelity(reference, encoder, expected, corpus)
         if trial.meets_floor:
-            loaded[(backend_name, precision)] = encoder
+            loaded[_key(trial.mode)] = encoder
         else:
             trial.note = f"under floor {trial.floor}"
     _time_trials([t for t in trials if t.meets_floor], loaded, corpus, reference)
     finalists = sorted((t for t in trials if t.meets_floor), key=lambda t: -t.tokens_per_s)[:FINALISTS]
+
+    def load(mode: Mode) -> TextEncoder:
+        request = _request(spec, info, module, mode.precision, device, threads, tokenizer, mode.streams)
+        return TextEncoder(info, tokenizer, load_backend(mode.backend, request), device, mode.token_budget)
+
+    _load_streams(finalists, loaded, threads, load)
     trials += _sweep(finalists, loaded, corpus, tried, reference)
     ok = [t for t in trials if t.meets_floor and t.tokens_per_s > 0]
     if not ok:
         raise BackendUnavailable("no candidate met its fidelity floor: " + "; ".join(f"{t.mode.label}: {t.note}" for t in trials))
     best = choose(ok)
-    winner = loaded[(best.mode.backend, best.mode.precision)]
+    winner = loaded.get(_key(best.mode), reference)
     winner.backend.length_multiple = best.mode.length_multiple
     assert best.fidelity is not None
     calibration = Calibration(
@@ -330,6 +341,29 @@ def run_calibration(
         len(trials),
     )
     return winner.backend, calibration
+
+
+def _key(mode: Mode) -> tuple[str, str, int]:
+    """Return what a loaded encoder is shared by: backend, precision and streams (budgets are per call)."""
+    return mode.backend, mode.precision, mode.streams
+
+
+def stream_counts(threads: int) -> list[int]:
+    """Return the stream counts over 1 that a multi-stream backend is tried with on this many threads."""
+    return sorted({n for n in (*STREAM_COUNTS, threads) if 1 < n <= threads})
+
+
+def _load_streams(
+    finalists: list[Trial], loaded: dict[tuple[str, str, int], TextEncoder], threads: int, load: Callable[[Mode], TextEncoder]
+) -> None:
+    """Load each finalist of a multi-stream backend again with every stream count (its converted model is cached)."""
+    for final in finalists:
+        encoder = loaded.get(_key(final.mode))
+        if encoder is None or not getattr(encoder.backend, "multi_stream", False):
+            continue
+        for streams in stream_counts(threads):
+            mode = replace(final.mode, streams=streams)
+            loaded[_key(mode)] = load(mode)
 
 
 def _try_load(
@@ -388,14 +422,14 @@ def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> float:
 
 
 def _time_trials(
-    trials: list[Trial], loaded: dict[tuple[str, str], TextEncoder], corpus: list[str], reference: TextEncoder
+    trials: list[Trial], loaded: dict[tuple[str, str, int], TextEncoder], corpus: list[str], reference: TextEncoder
 ) -> None:
     """Set each trial's best-of-REPEATS throughput, modes interleaved so that machine noise hits all alike."""
     for repeat in range(REPEATS):
         for trial in trials:
             if trial.note:
                 continue
-            encoder = loaded.get((trial.mode.backend, trial.mode.precision), reference)
+            encoder = loaded.get(_key(trial.mode), reference)
             trial.tokens_per_s = max(trial.tokens_per_s, _throughput(encoder, corpus, trial.mode))
         if repeat == 0 and trials:  # a candidate at under a third of the best cannot win on a repeat: stop timing it
             best = max(t.tokens_per_s for t in trials)
@@ -406,24 +440,27 @@ def _time_trials(
 
 def _sweep(
     finalists: list[Trial],
-    loaded: dict[tuple[str, str], TextEncoder],
+    loaded: dict[tuple[str, str, int], TextEncoder],
     corpus: list[str],
     tried: tuple[int, ...],
     reference: TextEncoder,
 ) -> list[Trial]:
-    """Return trials of the finalists at the other budgets (and length multiples where shapes matter to the runtime).
+    """Return trials of the finalists at the other budgets, length multiples (where shapes matter to the runtime)
+    and stream counts (where the backend was loaded with several).
 
     The finalists are timed again in the same interleaved passes, so the comparison is made in one noise window.
     """
     extra: list[Trial] = []
     for final in finalists:
-        encoder = loaded.get((final.mode.backend, final.mode.precision), reference)
+        encoder = loaded.get(_key(final.mode), reference)
         multiples = SHAPE_MULTIPLES if getattr(encoder.backend, "shape_sensitive", False) else (1,)
+        streams = [n for (b, p, n) in loaded if (b, p) == (final.mode.backend, final.mode.precision)] or [1]
         for budget in tried:
             for multiple in multiples:
-                mode = Mode(final.mode.backend, final.mode.precision, budget, multiple)
-                if mode != final.mode:
-                    extra.append(Trial(mode, final.floor, final.fidelity))
+                for count in streams:
+                    mode = Mode(final.mode.backend, final.mode.precision, budget, multiple, count)
+                    if mode != final.mode:
+                        extra.append(Trial(mode, final.floor, final.fidelity))
         final.tokens_per_s = 0.0  # timed again beside its variants, in the same noise
     _time_trials([*finalists, *extra], loaded, corpus, reference)
     return extra

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,10 +20,20 @@ import torch
 from tokenizers import Tokenizer
 
 from models.backends.base import Backend, BackendRequest, BackendUnavailable
+from models.backends.openvino_int8 import QuantizationFailed
 from models.backends.registry import load_backend
 from models.calibration import Calibration, Mode
 from models.pooling import mean_pool, pool
-from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS, Fidelity, fidelity, floor_for, require_floor
+from models.precision import (
+    DEFAULT_FLOAT_FLOOR,
+    DEFAULT_INT8_FLOOR,
+    PROBE_TEXTS,
+    Fidelity,
+    FidelityRefused,
+    fidelity,
+    floor_for,
+    require_floor,
+)
 from models.st_layout import ModelInfo, read_model_info
 from nightscore.errors import ModelLoadError, UsageError
 
@@ -71,6 +82,7 @@ class EncoderSpec:
     calibration_budgets: tuple[int, ...] | None = None  # None: the device's candidate budgets
     recalibrate: bool = False  # ignore a persisted calibration and measure again
     length_multiple: int = 1  # pinned modes: pad batch lengths to a multiple (resolve_spec carries auto's choice)
+    streams: int = 1  # pinned modes: batches run at once where the backend can (OpenVINO CPU streams)
 
 
 def model_dir(override: str | None = None) -> Path:
@@ -209,12 +221,14 @@ class TextEncoder:
         self.fidelity = Fidelity(1.0, 1.0, 1.0)  # to torch fp32 on the probe texts (measured unless torch fp32)
         self.load_seconds = 0.0
         self.version = vector_version(info, Mode(backend.name, backend.precision, token_budget, backend.length_multiple))
-        self._lock = threading.Lock()  # one forward pass at a time per model: threads share cores anyway
+        # one forward pass at a time, unless the backend runs several (one stream each)
+        self._lock: AbstractContextManager[object] = threading.Lock() if backend.streams == 1 else nullcontext()
 
     @property
     def mode(self) -> Mode:
         """Return the backend, precision, token budget and length multiple in use."""
-        return Mode(self.backend.name, self.backend.precision, self.token_budget, self.backend.length_multiple)
+        backend = self.backend
+        return Mode(backend.name, backend.precision, self.token_budget, backend.length_multiple, backend.streams)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -262,6 +276,7 @@ class TextEncoder:
             "precision": self.backend.precision,
             "token_budget": self.token_budget,
             "length_multiple": self.backend.length_multiple,
+            "streams": self.backend.streams,
             "runtime": self.backend.version,
             "fidelity_min": round(self.fidelity.min, 6),
             "fidelity_p1": round(self.fidelity.p1, 6),
@@ -309,8 +324,9 @@ def _request(
     device: torch.device,
     threads: int,
     tokenizer: Tokenizer | None = None,
+    streams: int = 1,
 ) -> BackendRequest:
-    samples = _sample_batches(tokenizer, info) if precision == "int8" and tokenizer is not None else ()
+    int8 = precision == "int8" and tokenizer is not None
     return BackendRequest(
         info=info,
         module=module,
@@ -318,17 +334,22 @@ def _request(
         device=device,
         threads=threads,
         cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
-        sample_batches=samples,
+        sample_batches=_sample_batches(tokenizer, info) if int8 and tokenizer else (),
+        validation_batches=_sample_batches(tokenizer, info, seed=1, tokens=3000) if int8 and tokenizer else (),
+        int8_floor=spec.int8_floor,
+        streams=streams,
     )
 
 
-def _sample_batches(tokenizer: Tokenizer, info: ModelInfo) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-    """Return one unpadded batch per text of the calibration corpus and probes (int8 activation statistics)."""
+def _sample_batches(
+    tokenizer: Tokenizer, info: ModelInfo, seed: int = 0, tokens: int = 6000
+) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Return one unpadded batch per text of a calibration corpus (seed) and the probes (int8 statistics, verdicts)."""
     from models.calibration import calibration_texts
 
     limit = info.max_seq_length
     batches = []
-    for text in [*calibration_texts(tokenizer, limit, 6000), *PROBE_TEXTS]:
+    for text in [*calibration_texts(tokenizer, limit, tokens, seed), *PROBE_TEXTS]:
         ids = tokenizer.encode(text).ids
         ids = ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:]
         batches.append((torch.tensor([ids], dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)))
@@ -371,7 +392,9 @@ def _load_pinned(
     backend_name, precision = _pinned(spec, device)
     budget = spec.token_budget or default_token_budget(device)
     try:
-        backend = load_backend(backend_name, _request(spec, info, module, precision, device, threads, tokenizer))
+        backend = load_backend(backend_name, _request(spec, info, module, precision, device, threads, tokenizer, spec.streams))
+    except QuantizationFailed as exc:  # a backend that quantises against the floor itself (OpenVINO int8)
+        raise FidelityRefused(f"mode {backend_name}/{precision} refused: {exc}") from exc
     except BackendUnavailable as exc:
         raise UsageError(f"backend {backend_name} precision {precision} cannot run here: {exc}") from exc
     backend.length_multiple = spec.length_multiple
@@ -464,5 +487,6 @@ def resolve_spec(spec: EncoderSpec) -> EncoderSpec:
         precision=mode.precision,
         token_budget=mode.token_budget,
         length_multiple=mode.length_multiple,
+        streams=mode.streams,
         recalibrate=False,
     )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -62,12 +63,7 @@ def encode_texts(
     budget = token_budget or encoder.token_budget
     ids, full_lengths = encoder.tokenize(texts)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    out = np.empty((len(texts), encoder.dim), dtype=np.float32)
-    runner = _BatchRunner(encoder, ids, out, budget)
-    for rows, tensors in _prefetched(plan_batches(lengths, budget), ids, encoder):
-        if before_batch is not None:
-            before_batch()
-        runner.run(rows, tensors)
+    out, runner = run_batches(encoder, ids, plan_batches(lengths, budget), budget, before_batch)
     stats = EncodeStats(
         texts=len(texts),
         real_tokens=int(lengths.sum()),
@@ -78,6 +74,28 @@ def encode_texts(
         seconds=time.perf_counter() - started,
     )
     return out, stats
+
+
+def run_batches(
+    encoder: TextEncoder,
+    ids: list[list[int]],
+    batches: list[np.ndarray],
+    budget: int | None = None,
+    before_batch: Callable[[], None] | None = None,
+) -> tuple[np.ndarray, _BatchRunner | _StreamRunner]:
+    """Return (vectors of ids in their order, the runner's counts) after running the given batches in the encoder's
+    mode: one at a time with the next collated meanwhile, or as many at once as a multi-stream backend has streams."""
+    out = np.empty((len(ids), encoder.dim), dtype=np.float32)
+    if encoder.backend.streams > 1:
+        streamed = _StreamRunner(encoder, ids, out, before_batch)
+        streamed.run_all(batches)
+        return out, streamed
+    runner = _BatchRunner(encoder, ids, out, budget or encoder.token_budget)
+    for rows, tensors in _prefetched(batches, ids, encoder):
+        if before_batch is not None:
+            before_batch()
+        runner.run(rows, tensors)
+    return out, runner
 
 
 def _prefetched(
@@ -97,6 +115,42 @@ def _prefetched(
             tensors = pending.result()
             pending = pool.submit(collate, batches[i + 1]) if i + 1 < len(batches) else None
             yield rows, tensors
+
+
+class _StreamRunner:
+    """Runs planned batches on a multi-stream backend: as many at once as it has streams, each collated,
+    run and pooled in its own worker thread (the runtime releases the GIL), rows written in place."""
+
+    oom_splits = 0  # CPU streams: no device memory to run out of
+
+    def __init__(
+        self, encoder: TextEncoder, ids: list[list[int]], out: np.ndarray, before_batch: Callable[[], None] | None
+    ) -> None:
+        self.encoder, self.ids, self.out, self.before_batch = encoder, ids, out, before_batch
+        self.padded = self.batches = 0
+
+    def _one(self, rows: np.ndarray) -> int:
+        input_ids, mask = self.encoder.collate([self.ids[i] for i in rows])
+        self.out[rows] = self.encoder.embed(input_ids, mask)
+        return int(input_ids.shape[0] * input_ids.shape[1])
+
+    def run_all(self, batches: list[np.ndarray]) -> None:
+        """Encode every batch, keeping one queued per stream beyond those running; a stop lets running ones finish."""
+        streams = self.encoder.backend.streams
+        pending: deque[Future[int]] = deque()
+        with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="stream") as pool:
+            for rows in batches:
+                if self.before_batch is not None:
+                    self.before_batch()
+                pending.append(pool.submit(self._one, rows))
+                if len(pending) > 2 * streams:
+                    self._collect(pending.popleft())
+            while pending:
+                self._collect(pending.popleft())
+
+    def _collect(self, done: Future[int]) -> None:
+        self.padded += done.result()
+        self.batches += 1
 
 
 class _BatchRunner:

@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
         "auto",
         description="auto: chosen with backend and token budget by calibration (persisted per device kind); int8 = "
-        "per-channel weights and per-token activations; a pinned mode under its fidelity floor is refused.",
+        "per-channel weights and per-token activations (torch) or static int8 with the lossiest layer roles kept float "
+        "(OpenVINO); a pinned mode under its fidelity floor is refused.",
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
@@ -85,6 +86,13 @@ class Settings(BaseSettings):
         None,
         ge=64,
         description="Max rows x padded length per batch. Default: auto's calibrated budget (or 2048 CPU / 65536 CUDA).",
+    )
+    streams: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Batches run at once on a multi-stream backend (OpenVINO CPU streams) when the mode is pinned; "
+        "auto measures 1, 2, 4 and the thread count.",
     )
     bucket_boundaries: list[int] = Field(
         [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."

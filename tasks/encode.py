@@ -48,6 +48,7 @@ def encoder_spec(settings: Settings) -> EncoderSpec:
         float_floor=settings.fidelity_floor_float,
         int8_floor=settings.fidelity_floor_int8,
         token_budget=settings.token_budget,
+        streams=settings.streams,
         calibration_budgets=tuple(settings.calibration_budgets) if settings.calibration_budgets else None,
         recalibrate=settings.recalibrate,
     )

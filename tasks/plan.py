@@ -97,6 +97,7 @@ def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
         backend=str(record["backend"]),
         precision=str(record["precision"]),
         token_budget=int(str(record["token_budget"])),
+        streams=int(str(record["streams"])),
         runtime=str(record["runtime"]),
         fidelity_min=float(str(record["fidelity_min"])),
         fidelity_p1=float(str(record["fidelity_p1"])),

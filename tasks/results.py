@@ -71,11 +71,12 @@ class EngineMode:
     calibrated_tokens_per_s: float | None = None
     calibration_from_cache: bool | None = None  # read from an earlier calibration on this kind of machine
     calibration_file: str | None = None  # holds every candidate auto measured (the run's artifact shows them)
+    streams: int = 1  # batches run at once (OpenVINO CPU streams)
 
     @property
     def label(self) -> str:
-        """Return backend/precision@budget, e.g. openvino/bf16@2048."""
-        return f"{self.backend}/{self.precision}@{self.token_budget}"
+        """Return backend/precision@budget and /sN for N streams, e.g. openvino/int8@1024/s2."""
+        return f"{self.backend}/{self.precision}@{self.token_budget}" + (f"/s{self.streams}" if self.streams > 1 else "")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ class BackendRequest:
     cache_dir: Path | None  # converted models live under <cache_dir>/converted/<digest>/<backend>-<precision>/
     # (input_ids, mask) batches of the built-in calibration corpus: activation statistics for int8 smoothing
     sample_batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    # batches of another corpus (other seed): where a backend grades its own int8 choices against fp32
+    validation_batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    int8_floor: float = 0.99
+    streams: int = 1  # batches run at once (a backend that cannot keeps 1)
 
 
 class Backend(Protocol):
@@ -36,6 +40,7 @@ class Backend(Protocol):
     name: str
     precision: str
     length_multiple: int  # batch lengths are padded up to a multiple of this (1: no extra padding)
+    streams: int  # batches it runs at once; over 1, hidden_states is thread-safe and the engine overlaps batches
 
     @property
     def version(self) -> str:

@@ -4,9 +4,7 @@ Per-tensor activation scales (torch's dynamic quantisation) lose too much on sma
 (min cosine 0.94-0.97 on all-MiniLM-L6-v2); one scale per token alone reached 0.984 (the shortest texts
 are worst), and with SmoothQuant-style smoothing (alpha 0.5: per-input-channel factors from activation
 maxima measured on the built-in calibration corpus, moved from the activations into the weights) 0.995.
-Two forms share the same weights: `Int8Linear` computes with torch._int_mm (torch backend, CPU), and
-`CompressedLinear` spells the int8 -> float decompression that OpenVINO turns into int8 matmuls with
-dynamically quantised activations.
+`Int8Linear` computes with torch._int_mm (torch backend, CPU); OpenVINO's int8 is static (openvino_int8).
 """
 
 from __future__ import annotations
@@ -88,22 +86,6 @@ class Int8Linear(torch.nn.Module):
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-
-
-class CompressedLinear(torch.nn.Module):
-    """A Linear whose weight is stored int8 and decompressed in the graph (the form OpenVINO recognises)."""
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        q, scale = quantize_weight(linear.weight)
-        self.register_buffer("qweight", q)
-        self.register_buffer("wscale", scale[:, None])
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return x @ (q * scale)^T + b."""
-        weight = self.get_buffer("qweight").to(x.dtype) * self.get_buffer("wscale").to(x.dtype)
-        return torch.nn.functional.linear(x, weight, self.bias)
 
 
 def quantized_copy(

@@ -40,6 +40,7 @@ class TorchBackend:
         self.precision = request.precision
         self.device = request.device
         self.length_multiple = 1
+        self.streams = 1  # torch's intra-op threads already share one batch
         if request.precision == "int8":
             maxima = activation_maxima(request.module, list(request.sample_batches)) if request.sample_batches else None
             model = quantized_copy(request.module, Int8Linear, maxima)

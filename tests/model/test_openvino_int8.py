@@ -1,0 +1,137 @@
+"""OpenVINO static int8 (the measured choice of float roles) and multi-stream runs, on random and real models."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import torch
+
+from models.backends.base import BackendRequest
+from models.backends.openvino_backend import _validation, convert
+from models.backends.openvino_int8 import MARGIN, QuantizationFailed, matmul_roles, min_cosine, quantize_to_target
+from models.backends.registry import unavailable_reason
+from models.calibration import stream_counts
+from models.encoder import EncoderSpec, _request, load_encoder, load_module, load_tokenizer, model_info
+from models.engine import encode_texts
+from models.precision import FidelityRefused
+from tests.helpers import cos_rows
+from tests.model.st_models import ARCHS, save_random_model
+
+TEXTS = ["a", "", "ok?", "Hello world", "The striker scored twice in the final.", "goal " * 60, "東京は日本の首都です。"] * 3
+
+
+def _skip_unless(precision: str) -> None:
+    reason = unavailable_reason("openvino", precision, torch.device("cpu"))
+    if reason:
+        pytest.skip(f"openvino/{precision}: {reason}")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_random_model(ARCHS[0], tmp_path_factory.mktemp("ov-int8"), seed=3)
+
+
+def _int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
+    spec = EncoderSpec(device="cpu", model_path=str(folder), int8_floor=floor)
+    info = model_info(spec)
+    module = load_module(spec, info)
+    return _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(info.path)))
+
+
+def test_matmuls_are_grouped_by_role_across_blocks(bert: Path) -> None:
+    _skip_unless("fp32")
+    request = _int8_request(bert)
+    roles = matmul_roles(convert(request.module))
+    layers = json.loads((bert / "config.json").read_text())["num_hidden_layers"]
+    assert len(roles) >= 6  # query, key, value, attention output, FFN up, FFN down
+    assert all(len(names) == layers for names in roles.values()), roles
+    assert not any(re.search(r"\.\d+\.", role) for role in roles)
+    assert any(role.endswith("output.dense") and "attention" not in role for role in roles)
+
+
+def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: Path) -> None:
+    _skip_unless("int8")
+    request = _int8_request(bert)
+    float_model, validation = convert(request.module), _validation(request)
+    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
+    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    loose = quantize_to_target(float_model, calibration, validation, 0.5, config)
+    assert loose.float_roles == () and loose.quantized_matmuls == loose.matmuls  # everything int8 when it is enough
+    assert min_cosine(loose.model, validation, config) == pytest.approx(loose.min_cosine, abs=1e-6)
+    strict_floor = min(loose.min_cosine + 0.5 * (1 - loose.min_cosine), 1.0 - MARGIN - 1e-4)  # all-int8 misses it
+    try:
+        strict = quantize_to_target(float_model, calibration, validation, strict_floor, config)
+    except QuantizationFailed as exc:
+        assert f"under floor {strict_floor}" in str(exc)
+        return
+    assert strict.min_cosine >= strict_floor + MARGIN
+    assert strict.float_roles and strict.quantized_matmuls < strict.matmuls
+    assert strict.min_cosine > loose.min_cosine
+
+
+def test_an_unreachable_int8_floor_is_refused_naming_it(bert: Path) -> None:
+    _skip_unless("int8")
+    spec = EncoderSpec(device="cpu", backend="openvino", precision="int8", model_path=str(bert), int8_floor=0.99999)
+    with pytest.raises(FidelityRefused, match=r"openvino/int8 refused: static int8 reached min cosine 0\.\d{6} .*floor 0\.99999"):
+        load_encoder(spec)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_two_streams_give_the_same_vectors_in_input_order(bert: Path, tmp_path: Path, precision: str) -> None:
+    _skip_unless(precision)
+    spec = EncoderSpec(
+        device="cpu", backend="openvino", precision=precision, model_path=str(bert), num_threads=2, cache_dir=str(tmp_path)
+    )
+    one = load_encoder(spec)
+    two = load_encoder(replace(spec, streams=2))
+    assert (one.backend.streams, two.backend.streams, two.mode.streams) == (1, 2, 2)
+    assert two.mode.label.endswith("/s2") and two.mode_record()["streams"] == 2
+    texts = [f"{t} {i}" for i, t in enumerate(TEXTS)]
+    a, stats_a = encode_texts(one, texts, token_budget=64)
+    b, stats_b = encode_texts(two, texts, token_budget=64)
+    assert stats_b.batches == stats_a.batches > 4 and stats_b.padded_tokens == stats_a.padded_tokens
+    assert cos_rows(a, b).min() >= 0.9999  # same rows in the same places: order restored across streams
+    solo = np.vstack([two.embed_texts([t]) for t in texts[:5]])
+    assert cos_rows(solo, b[:5]).min() >= 0.999
+
+
+def test_a_stop_between_batches_lets_running_streams_finish_then_raises(bert: Path, tmp_path: Path) -> None:
+    _skip_unless("fp32")
+    spec = EncoderSpec(device="cpu", backend="openvino", precision="fp32", model_path=str(bert), num_threads=2, streams=2)
+    encoder = load_encoder(spec)
+    calls = {"n": 0}
+
+    def stop_after_three() -> None:
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt):
+        encode_texts(encoder, TEXTS, token_budget=32, before_batch=stop_after_three)
+    assert calls["n"] == 4
+
+
+def test_stream_counts_never_exceed_the_threads() -> None:
+    assert stream_counts(1) == []
+    assert stream_counts(2) == [2]
+    assert stream_counts(3) == [2, 3]
+    assert stream_counts(16) == [2, 4, 16]
+
+
+def test_auto_tries_streams_for_a_multi_stream_finalist(bert: Path, tmp_path: Path) -> None:
+    _skip_unless("fp32")
+    spec = EncoderSpec(
+        device="cpu", backend="openvino", model_path=str(bert), cache_dir=str(tmp_path), num_threads=2, calibration_budgets=(256,)
+    )
+    chosen = load_encoder(spec)
+    table = cast("list[dict[str, Any]]", chosen.mode_record()["calibration_candidates"])
+    assert any(row["mode"].endswith("/s2") and row["tokens_per_s"] > 0 for row in table)
+    assert chosen.backend.streams == chosen.mode.streams
+    again = load_encoder(spec)  # the persisted choice loads the same streams
+    assert (again.mode, again.backend.streams) == (chosen.mode, chosen.mode.streams)
