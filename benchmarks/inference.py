@@ -204,7 +204,9 @@ def run_ceiling_lengths(encoder: TextEncoder, texts: list[str]) -> Result:
     """The same mode and texts with no padding and the engine's attention work: batches of texts of one token length.
 
     The packed ceiling cuts the token stream into 64-token rows, so its attention spans 64 tokens where a
-    256-token text needs 256; this one keeps every text whole (what padding alone costs, tokenizing counted).
+    256-token text needs 256; this row keeps every text whole and pads nothing, at the price of many small
+    batches (not a bound: it shows whether the engine's remaining padding or the packed rows' shorter
+    attention is what separates the engine from the packed ceiling).
     """
     started = time.perf_counter()
     ids, _ = encoder.tokenize(texts)
@@ -499,7 +501,6 @@ def target_lines(results: dict[str, Result], floor: float, best: str | None) -> 
     checks = [
         (f"engine(auto) / sentence_transformers_best [{best}] at floor {floor}", best, 1.5),
         ("engine(auto) / ceiling (packed, same mode)", "ceiling", 0.9),
-        ("engine(auto) / equal-length ceiling (no padding, texts whole)", "ceiling_lengths", 0.9),
         ("engine(auto) / naive", "naive", 4.0),
     ]
     same = {"fp32": "sentence_transformers", "bf16": "st_torch_bf16", "fp16": "st_torch_fp16", "int8": "st_onnx_int8"}
@@ -588,7 +589,7 @@ def build_runners(
         )
     if "ceiling_lengths" in modes:
         runners["ceiling_lengths"] = lambda t: run_ceiling_lengths(auto, t)
-        notes["ceiling_lengths"] = f"equal-length batches in {auto.mode.label}"
+        notes["ceiling_lengths"] = f"no padding, texts whole: equal-length batches in {auto.mode.label}"
     return runners, notes
 
 
@@ -624,12 +625,24 @@ def main(argv: list[str] | None = None) -> int:
             runners, notes = build_runners(args, reference, auto, pinned, lengths, threads, st_env)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            results = measure(runners, texts, args.repeats)
+            results = measure_ray_apart(runners, texts, args.repeats)
         finally:
             if st_env is not None:
                 st_env.close()
         report(args, results, {**notes, **pinned_notes}, reference, auto, texts, lengths, device, threads)
     return 0
+
+
+def measure_ray_apart(runners: dict[str, Callable[[list[str]], Result]], texts: list[str], repeats: int) -> dict[str, Result]:
+    """Return every row's result, Ray Data's passes first and then Ray shut down: its idle daemons (raylet, GCS,
+    workers) keep a core of 2 busy enough to slow every row interleaved with them (multi-stream rows most)."""
+    ray_runner = runners.pop("ray_data", None)
+    results = measure({"ray_data": ray_runner}, texts, repeats) if ray_runner is not None else {}
+    if ray_runner is not None:
+        import ray
+
+        ray.shutdown()
+    return {**results, **measure(runners, texts, repeats)}
 
 
 def report(
