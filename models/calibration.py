@@ -258,15 +258,22 @@ def _persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: 
 
 
 def calibration_texts(tokenizer: Tokenizer, max_length: int, tokens: int, seed: int = 0) -> list[str]:
-    """Return a deterministic corpus of about `tokens` tokens whose lengths spread log-uniformly up to max_length."""
+    """Return a deterministic corpus of about `tokens` tokens whose lengths spread log-uniformly up to max_length.
+
+    Every fourth text repeats one word: degenerate inputs (a word over and over, up to the length limit) push
+    activations far past what sentences do, and static int8 scales must cover them.
+    """
     rng = np.random.default_rng(seed)
     words = " ".join(PROBE_TEXTS[:8] + PROBE_TEXTS[11:14]).split()
     texts: list[str] = []
     total = 0
     while total < tokens:
-        n_words = int(np.exp(rng.uniform(0.0, np.log(max(max_length, 2)))))
+        n_words = max(int(np.exp(rng.uniform(0.0, np.log(max(max_length, 2))))), 1)
         start = int(rng.integers(0, len(words)))
-        text = " ".join(words[(start + i) % len(words)] for i in range(max(n_words, 1)))
+        if len(texts) % 4 == 3:
+            text = " ".join([words[start]] * n_words)
+        else:
+            text = " ".join(words[(start + i) % len(words)] for i in range(n_words))
         texts.append(text)
         total += min(len(tokenizer.encode(text).ids), max_length)
     return texts

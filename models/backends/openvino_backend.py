@@ -106,6 +106,7 @@ def quantized(request: BackendRequest, float_model: Any) -> tuple[Any, dict[str,
     result = quantize_to_target(float_model, calibration, _validation(request), request.int8_floor, config)
     report: dict[str, object] = {
         "float_roles": list(result.float_roles),
+        "float_matmuls": list(result.float_matmuls),
         "validation_min_cosine": round(result.min_cosine, 6),
         "target": round(min(request.int8_floor + MARGIN, 1.0), 6),
         "quantized_matmuls": result.quantized_matmuls,

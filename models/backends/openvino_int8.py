@@ -51,10 +51,11 @@ class Validation:
 
 @dataclass(frozen=True)
 class StaticInt8:
-    """The quantised model, the roles kept float, and what it measured on the validation texts."""
+    """The quantised model, the MatMuls kept float (and the roles kept wholly float), what it measured."""
 
     model: Any  # openvino.Model
     float_roles: tuple[str, ...]
+    float_matmuls: tuple[str, ...]
     min_cosine: float
     quantized_matmuls: int
     matmuls: int
@@ -107,33 +108,69 @@ def min_cosine(model: Any, validation: Validation, config: dict[str, object]) ->
 def quantize_to_target(
     model: Any, calibration: Sequence[Inputs], validation: Validation, floor: float, config: dict[str, object]
 ) -> StaticInt8:
-    """Return the static int8 model with the fewest float roles (greedy by measured recovery) at floor + MARGIN.
+    """Return the static int8 model with the fewest float MatMuls found at floor + MARGIN.
 
-    Raises QuantizationFailed when even every role but one kept float stays under it.
+    Roles first (greedy by measured recovery), then each float role's blocks moved back to int8 one by one in
+    the order of what each alone costs, while the target holds. Raises QuantizationFailed when even every role
+    but one kept float stays under it.
     """
     started = time.perf_counter()
-    target = min(floor + MARGIN, 1.0)
-    roles = matmul_roles(model)
-    total = sum(len(names) for names in roles.values())
-    trials: dict[tuple[str, ...], tuple[Any, float]] = {}
-
-    def trial(kept: tuple[str, ...]) -> float:
-        quantized = quantize(model, calibration, [name for role in kept for name in roles[role]])
-        trials[kept] = (quantized, min_cosine(quantized, validation, config))
-        log.info("int8 with %s float: min cosine %.5f", ", ".join(kept) or "nothing", trials[kept][1])
-        return trials[kept][1]
-
-    if trial(()) < target:
-        recovered = sorted(roles, key=lambda role: -trial((role,)))
-        for count in range(1, len(recovered)):
-            kept = tuple(recovered[:count])
-            if (trials[kept][1] if kept in trials else trial(kept)) >= target:
-                break
-    kept, (quantized, measured) = max(trials.items(), key=lambda item: (item[1][1] >= target, -len(item[0]), item[1][1]))
-    if measured < target:
+    search = _Search(model, calibration, validation, config, min(floor + MARGIN, 1.0))
+    float_names = search.by_role()
+    if float_names:
+        search.by_block(float_names)
+    kept, (quantized, measured) = search.best()
+    if measured < search.target:
         raise QuantizationFailed(
             f"static int8 reached min cosine {measured:.6f} to torch fp32 at best on the validation texts, "
             f"under floor {floor} + margin {MARGIN}"
         )
-    float_matmuls = sum(len(roles[role]) for role in kept)
-    return StaticInt8(quantized, kept, measured, total - float_matmuls, total, time.perf_counter() - started)
+    roles = tuple(role for role, names in search.roles.items() if set(names) <= kept)
+    total = sum(len(names) for names in search.roles.values())
+    return StaticInt8(quantized, roles, tuple(sorted(kept)), measured, total - len(kept), total, time.perf_counter() - started)
+
+
+class _Search:
+    """Quantisations of one model tried with different MatMuls kept float, each measured on the validation texts."""
+
+    def __init__(
+        self, model: Any, calibration: Sequence[Inputs], validation: Validation, config: dict[str, object], target: float
+    ) -> None:
+        self.model, self.calibration, self.validation, self.config, self.target = model, calibration, validation, config, target
+        self.roles = matmul_roles(model)
+        self.trials: dict[frozenset[str], tuple[Any, float]] = {}
+
+    def cosine(self, kept: frozenset[str]) -> float:
+        """Return the min cosine with the MatMuls in kept float (quantised and measured once per set)."""
+        if kept not in self.trials:
+            quantized = quantize(self.model, self.calibration, sorted(kept))
+            self.trials[kept] = (quantized, min_cosine(quantized, self.validation, self.config))
+            log.info("int8 with %d MatMuls float: min cosine %.5f", len(kept), self.trials[kept][1])
+        return self.trials[kept][1]
+
+    def by_role(self) -> frozenset[str]:
+        """Return the float MatMuls of the fewest roles that meet the target (empty: all-int8 does)."""
+        if self.cosine(frozenset()) >= self.target:
+            return frozenset()
+        names = {role: frozenset(self.roles[role]) for role in self.roles}
+        recovered = sorted(self.roles, key=lambda role: -self.cosine(names[role]))
+        kept: frozenset[str] = frozenset()
+        for role in recovered[:-1]:
+            kept = kept | names[role]
+            if self.cosine(kept) >= self.target:
+                return kept
+        return kept
+
+    def by_block(self, kept: frozenset[str]) -> None:
+        """Move float MatMuls back to int8 one at a time, cheapest first, while the target holds."""
+        if self.cosine(kept) < self.target:
+            return
+        alone = sorted(kept, key=lambda name: -self.cosine(kept - {name}))
+        for name in alone:
+            if self.cosine(kept - {name}) < self.target:
+                return
+            kept = kept - {name}
+
+    def best(self) -> tuple[frozenset[str], tuple[Any, float]]:
+        """Return the trial that meets the target with the fewest float MatMuls (else the closest one)."""
+        return max(self.trials.items(), key=lambda item: (item[1][1] >= self.target, -len(item[0]), item[1][1]))

@@ -62,7 +62,7 @@ def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: P
     calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
     config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
     loose = quantize_to_target(float_model, calibration, validation, 0.5, config)
-    assert loose.float_roles == () and loose.quantized_matmuls == loose.matmuls  # everything int8 when it is enough
+    assert loose.float_matmuls == () and loose.quantized_matmuls == loose.matmuls  # everything int8 when it is enough
     assert min_cosine(loose.model, validation, config) == pytest.approx(loose.min_cosine, abs=1e-6)
     strict_floor = min(loose.min_cosine + 0.5 * (1 - loose.min_cosine), 1.0 - MARGIN - 1e-4)  # all-int8 misses it
     try:
@@ -71,7 +71,7 @@ def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: P
         assert f"under floor {strict_floor}" in str(exc)
         return
     assert strict.min_cosine >= strict_floor + MARGIN
-    assert strict.float_roles and strict.quantized_matmuls < strict.matmuls
+    assert strict.float_matmuls and strict.quantized_matmuls == strict.matmuls - len(strict.float_matmuls)
     assert strict.min_cosine > loose.min_cosine
 
 
