@@ -26,6 +26,7 @@ import numpy as np
 from models.backends.base import BackendUnavailable
 from models.backends.int8 import SMOOTHING_ALPHA
 from models.pooling import pool_numpy
+from models.precision import fidelity
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,7 @@ def min_cosine(model: Any, validation: Validation, config: dict[str, object]) ->
         pool_numpy(compiled(batch)[0], batch["attention_mask"], validation.pooling, validation.normalize)
         for batch in validation.batches
     ]
-    got, want = np.vstack(rows).astype(np.float64), validation.expected.astype(np.float64)
-    cos = (got * want).sum(axis=1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-12)
-    return float(cos.min())
+    return fidelity(validation.expected, np.vstack(rows)).min
 
 
 def quantize_to_target(
