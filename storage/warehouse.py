@@ -23,6 +23,7 @@ import pyarrow as pa
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from nightscore.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
+from storage.duckdb_gate import GATE, config_key
 from storage.warehouse_schema import (
     CANDIDATE_COLUMNS,
     ITEM_SCORE_COLUMNS,
@@ -618,8 +619,7 @@ class DuckDBWarehouse(SqlWarehouse):
         if self.embedding_dim is None and not Path(self.path).exists():
             raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        con = self._connect_with_retry(read_only=False)
-        try:
+        with self._connection(read_only=False) as con:
             # DuckDB keeps a transaction's new rows in its buffer pool (default: 80% of RAM); a cap makes a big
             # publication spill to <file>.tmp instead of holding every embedding of the run in memory.
             con.execute(f"SET memory_limit = '{self.memory_limit}'")
@@ -631,14 +631,30 @@ class DuckDBWarehouse(SqlWarehouse):
                 con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
-        finally:
-            con.close()
+
+    @contextmanager
+    def _connection(self, read_only: bool, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection, closed after; this process's connections of another configuration are waited for."""
+        config = config or {}
+        with GATE.holding(self.path, config_key(read_only, config), self._wait_bound_s()):
+            con = self._connect_with_retry(read_only, config)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _wait_bound_s(self) -> float:
+        """Return how long a connection waits for the file in all (lock_timeout_s, or the retries' backoff)."""
+        if self.lock_timeout_s is not None:
+            return self.lock_timeout_s
+        return sum(min(5.0, self.lock_backoff_s * 2**attempt) for attempt in range(self.lock_retries))
 
     def _ensure_tables(self, con: duckdb.DuckDBPyConnection) -> None:
         """Create missing tables and views (with the embedding width this adapter was opened with), or require them."""
         if self.embedding_dim is not None:
-            for statement in ddl(self.embedding_dim, "duckdb"):
-                con.execute(statement)
+            with GATE.schema_lock(self.path):  # two threads replacing one view at once conflict
+                for statement in ddl(self.embedding_dim, "duckdb"):
+                    con.execute(statement)
             self._check_width(con, self.embedding_dim)
         elif _missing_duckdb_objects(con):
             raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
@@ -683,40 +699,35 @@ class DuckDBWarehouse(SqlWarehouse):
                 f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): {_line(exc)}"
             ) from exc
 
-    def _read_connection(self, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
-        """Return a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
+    @contextmanager
+    def _reading(self, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
         if not Path(self.path).exists():
             raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
-        con = self._connect_with_retry(read_only=True, config=config)
-        if _missing_duckdb_objects(con):
-            con.close()
-            raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
-        return con
+        with self._connection(read_only=True, config=config) as con:
+            if _missing_duckdb_objects(con):
+                raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
+            yield con
 
     def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
         """Run SQL on a read-only connection (waiting for a writer's lock) and return its result."""
-        con = self._read_connection()
-        try:
+        with self._reading() as con:
             cursor = con.execute(sql, params or [])
             columns = [d[0] for d in cursor.description or []]
             return QueryResult(columns, cursor.fetchall())
-        finally:
-            con.close()
 
     def analyst_query(self, sql: str) -> QueryResult:
         """Run one analyst SELECT on a sandboxed read-only connection (ANALYST_DUCKDB_CONFIG); QueryRefused otherwise."""
-        con = self._read_connection(ANALYST_DUCKDB_CONFIG)
-        try:
-            _check_analyst_sql(con, sql)
-            cursor = con.execute(sql)
-            columns = [d[0] for d in cursor.description or []]
-            return QueryResult(columns, cursor.fetchall())
-        except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
-            raise QueryRefused(f"query refused: {_line(exc)}") from exc
-        except duckdb.Error as exc:
-            raise QueryRefused(f"query failed: {_line(exc)}") from exc
-        finally:
-            con.close()
+        with self._reading(ANALYST_DUCKDB_CONFIG) as con:
+            try:
+                _check_analyst_sql(con, sql)
+                cursor = con.execute(sql)
+                columns = [d[0] for d in cursor.description or []]
+                return QueryResult(columns, cursor.fetchall())
+            except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
+                raise QueryRefused(f"query refused: {_line(exc)}") from exc
+            except duckdb.Error as exc:
+                raise QueryRefused(f"query failed: {_line(exc)}") from exc
 
 
 def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
