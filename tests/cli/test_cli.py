@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,11 @@ import pytest
 CLI = [str(Path(sys.executable).with_name("nightscore"))]
 
 
-def nightscore(*args: str, home: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """Run the nightscore console script with an isolated home and return the finished process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
+def nightscore(
+    *args: str, home: Path, timeout: int = 600, settings: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the nightscore console script with an isolated home (and the NIGHTSCORE_ settings given) and return it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")} | (settings or {})
     return subprocess.run([*CLI, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -29,8 +32,13 @@ def query_json(sql: str, home: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
-    """Return (home, inputs folder, finished run) of one real-model nightly run on 300 demo items."""
+def demo_run(
+    tmp_path_factory: pytest.TempPathFactory, calibrated_engine_cache: Path
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """Return (home, inputs folder, finished run) of one real-model nightly run on 300 demo items.
+
+    The run's `auto` reads the session's persisted calibration, as a second run on one machine kind does.
+    """
     root = tmp_path_factory.mktemp("cli")
     home, inputs = root / "home", root / "inputs"
     made = nightscore("demo-data", "--out", str(inputs), "--items", "300", "--users", "80", "--seed", "1", home=home)
@@ -45,6 +53,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subp
         "--run-date",
         "2026-11-30",
         home=home,
+        settings={"NIGHTSCORE_ENGINE_CACHE_DIR": str(calibrated_engine_cache)},
     )
     return home, inputs, run
 
@@ -53,6 +62,7 @@ def test_demo_run_publishes_and_query_counts_match(demo_run: tuple[Path, Path, s
     home, inputs, run = demo_run
     assert run.returncode == 0, run.stderr[-3000:]
     assert "published" in run.stdout and "padding efficiency" in run.stdout
+    assert re.search(r"engine: \w+/\w+@\d+ \(auto, calibrated [\d,.]+ tok/s on .+ \(persisted choice\)\)", run.stdout), run.stdout
     runs = query_json("select rows_in, rows_scored, rows_quarantined, model_version, status from scoring_runs", home)
     assert len(runs) == 1 and runs[0]["status"] == "published"
     assert runs[0]["rows_in"] == runs[0]["rows_scored"] + runs[0]["rows_quarantined"] == 300

@@ -6,6 +6,8 @@ benchmarks/gpu_check.sh runs this file with NIGHTSCORE_DEVICE=cuda on the GPU ho
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -32,9 +34,10 @@ def _device() -> torch.device:
     return resolve_device(load_settings().device)
 
 
-def _spec(device: torch.device, backend: str, precision: str) -> EncoderSpec:
+def _spec(device: torch.device, backend: str, precision: str, cache_dir: Path | None = None) -> EncoderSpec:
     model = load_settings().model
-    return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model)
+    cache = str(cache_dir) if cache_dir else None
+    return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model, cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +58,15 @@ def test_fp32_on_the_device_matches_cpu_fp32(device_fp32: TextEncoder, cpu_fp32:
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_precision_against_fp32_on_the_device_and_on_cpu(
-    device_fp32: TextEncoder, cpu_fp32: np.ndarray, backend: str, precision: str
+    device_fp32: TextEncoder, cpu_fp32: np.ndarray, backend: str, precision: str, request: pytest.FixtureRequest
 ) -> None:
     device = _device()
     reason = unavailable_reason(backend, precision, device)
     if reason:
         pytest.skip(f"{backend}/{precision} on {device.type}: {reason}")
-    encoder = load_encoder(_spec(device, backend, precision))  # refused (FidelityRefused) if under its floor
+    shared = (backend, precision, device.type, load_settings().model) == ("openvino", "int8", "cpu", None)
+    cache = request.getfixturevalue("minilm_int8").cache_dir if shared else None  # MiniLM's int8 searched once
+    encoder = load_encoder(_spec(device, backend, precision, cache))  # refused (FidelityRefused) if under its floor
     out, stats = encode_texts(encoder, TEXTS)
     floor = DEFAULT_INT8_FLOOR if precision == "int8" else DEFAULT_FLOAT_FLOOR
     same_device = cos_rows(out, encode_texts(device_fp32, TEXTS)[0])

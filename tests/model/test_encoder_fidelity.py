@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -10,6 +11,9 @@ import pytest
 from models.encoder import MODEL_NAME, EncoderSpec, TextEncoder, get_encoder, load_encoder, model_dir
 from models.engine import encode_texts
 from tests.helpers import cos_rows
+
+if TYPE_CHECKING:
+    from tests.conftest import SharedInt8
 
 _LONG_A = " ".join(
     [
@@ -155,7 +159,9 @@ def test_sports_closer_to_sports_than_cooking(minilm: TextEncoder) -> None:
     ("backend", "precision"),
     [("torch", "int8"), ("openvino", "int8"), ("openvino", "fp32"), ("openvino", "bf16"), ("torch", "bf16")],
 )
-def test_other_modes_against_sentence_transformers(reference: np.ndarray, backend: str, precision: str, tmp_path: Path) -> None:
+def test_other_modes_against_sentence_transformers(
+    reference: np.ndarray, backend: str, precision: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Each mode meets its floor on this corpus too (the shortest texts are the worst case for int8)."""
     import torch
 
@@ -164,30 +170,30 @@ def test_other_modes_against_sentence_transformers(reference: np.ndarray, backen
     reason = unavailable_reason(backend, precision, torch.device("cpu"))
     if reason:
         pytest.skip(f"{backend}/{precision}: {reason}")
-    encoder = load_encoder(
-        EncoderSpec(kind="minilm", device="cpu", backend=backend, precision=precision, cache_dir=str(tmp_path))
-    )
+    static_int8 = (backend, precision) == ("openvino", "int8")
+    cache = request.getfixturevalue("minilm_int8").cache_dir if static_int8 else tmp_path
+    encoder = load_encoder(EncoderSpec(kind="minilm", device="cpu", backend=backend, precision=precision, cache_dir=str(cache)))
     out, _ = encode_texts(encoder, TEXTS)
     cos = cos_rows(out, reference)
     floor = 0.99 if precision == "int8" else (0.9999 if precision == "fp32" else 0.999)
     assert cos.min() >= floor, (TEXTS[int(np.argmin(cos))][:40], float(cos.min()))
     assert encoder.version == f"{minilm_version()}+{backend}-{precision}"
-    if (backend, precision) == ("openvino", "int8"):
-        _check_static_int8_report(tmp_path, encoder)
+    if static_int8:
+        _check_static_int8_report(request.getfixturevalue("minilm_int8"), encoder)
 
 
-def _check_static_int8_report(cache: Path, encoder: TextEncoder) -> None:
+def _check_static_int8_report(shared: SharedInt8, encoder: TextEncoder) -> None:
     """On MiniLM all-int8 misses the floor (min cos about 0.977): the search kept roles float, and cached its answer."""
     import json
 
     from models.backends.openvino_int8 import MARGIN
 
-    report = json.loads(next((cache / "converted").glob("*/openvino-*-int8-floor0.99/quantization.json")).read_text())
+    found = (shared.cache_dir / "converted").glob("*/openvino-*-int8-floor0.99/quantization.json")
+    report = json.loads(next(found).read_text())
     assert report["float_matmuls"] and report["quantized_matmuls"] == report["matmuls"] - len(report["float_matmuls"])
     assert report["quantized_matmuls"] >= report["matmuls"] // 2
     assert report["validation_min_cosine"] >= 0.99 + MARGIN
-    again = load_encoder(EncoderSpec(kind="minilm", device="cpu", backend="openvino", precision="int8", cache_dir=str(cache)))
-    assert again.load_seconds < encoder.load_seconds / 3  # read from the cache folder: no second search
+    assert encoder.load_seconds < shared.search_seconds / 3  # read from the cache folder: no second search
 
 
 def minilm_version() -> str:
