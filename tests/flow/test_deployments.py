@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import psycopg
 import pytest
 
+from tests import prefect_rest as rest
 from tests.helpers import UNGATED, demo_inputs
 from tests.servers import free_port, prefect_server
 
@@ -111,7 +111,7 @@ class Callbacks:
 
 def deployment(api: str, name: str) -> dict[str, Any]:
     """Return a deployment read by name through the REST API."""
-    response = httpx.get(f"{api}/deployments/name/{name}/{name}", timeout=10)
+    response = rest.get(f"{api}/deployments/name/{name}/{name}", timeout=10)
     response.raise_for_status()
     return response.json()
 
@@ -120,7 +120,7 @@ def wait_final(api: str, flow_run_id: str) -> dict[str, Any]:
     """Poll a flow run until it is final; return it."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+        run = rest.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
         if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return run
         time.sleep(0.5)
@@ -129,7 +129,7 @@ def wait_final(api: str, flow_run_id: str) -> dict[str, Any]:
 
 def seconds_to_running(api: str, flow_run_id: str) -> float:
     """Return the seconds from a flow run's first state (Scheduled) to Running, from its state history."""
-    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}, timeout=10).json()
+    states = rest.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}, timeout=10).json()
     at = {s["type"]: datetime.fromisoformat(s["timestamp"].replace("Z", "+00:00")) for s in reversed(states)}
     return (at["RUNNING"] - min(at.values())).total_seconds()
 
@@ -137,7 +137,7 @@ def seconds_to_running(api: str, flow_run_id: str) -> float:
 @contextmanager
 def holding_gpu_slot(api: str) -> Iterator[None]:
     """Hold the stack's one gpu concurrency slot through the REST API (as a competing run would) while the block runs."""
-    taken = httpx.post(
+    taken = rest.post(
         f"{api}/v2/concurrency_limits/increment-with-lease",
         json={"names": ["gpu"], "slots": 1, "mode": "concurrency", "lease_duration": 600},
         timeout=10,
@@ -146,7 +146,7 @@ def holding_gpu_slot(api: str) -> Iterator[None]:
     try:
         yield
     finally:
-        httpx.post(f"{api}/v2/concurrency_limits/decrement-with-lease", json={"lease_id": taken.json()["lease_id"]}, timeout=10)
+        rest.post(f"{api}/v2/concurrency_limits/decrement-with-lease", json={"lease_id": taken.json()["lease_id"]}, timeout=10)
 
 
 def run_logs(api: str, flow_run_id: str) -> list[tuple[datetime, str]]:
@@ -154,7 +154,7 @@ def run_logs(api: str, flow_run_id: str) -> list[tuple[datetime, str]]:
     body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
     return [
         (datetime.fromisoformat(log["timestamp"].replace("Z", "+00:00")), log["message"])
-        for log in httpx.post(f"{api}/logs/filter", json=body, timeout=10).json()
+        for log in rest.post(f"{api}/logs/filter", json=body, timeout=10).json()
     ]
 
 
@@ -185,12 +185,12 @@ def test_up_registers_deployments_queues_schedule_and_gpu_limit(stack: dict[str,
     fields = schema["definitions"]["OnDemandParams"]["properties"]
     assert set(fields) >= {"items_uri", "interactions_uri", "item_ids", "run_date", "callback_url"}
     assert all(f.get("description") for f in fields.values())
-    queues = httpx.post(f"{api}/work_pools/nightscore/queues/filter", json={}, timeout=10).json()
+    queues = rest.post(f"{api}/work_pools/nightscore/queues/filter", json={}, timeout=10).json()
     priorities = {q["name"]: q["priority"] for q in queues}
     assert priorities["on-demand"] < priorities["scheduled"]
-    gpu = httpx.get(f"{api}/v2/concurrency_limits/gpu", timeout=10).json()
+    gpu = rest.get(f"{api}/v2/concurrency_limits/gpu", timeout=10).json()
     assert gpu["limit"] == 1 and gpu["active"]
-    assert httpx.get(f"{api}/work_pools/nightscore", timeout=10).json()["concurrency_limit"] == 2  # the default
+    assert rest.get(f"{api}/work_pools/nightscore", timeout=10).json()["concurrency_limit"] == 2  # the default
 
 
 def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stack: dict[str, Any], inputs: Path) -> None:
@@ -208,8 +208,8 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
         "idempotency_key": "test-rest-1",
     }
     with holding_gpu_slot(api):  # another "run" holds the one gpu slot: this run must wait for it, visibly
-        first = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
-        again = httpx.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
+        first = rest.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
+        again = rest.post(f"{api}/deployments/{target}/create_flow_run", json=body, timeout=10)
         assert first.status_code == 201 and again.json()["id"] == first.json()["id"]  # same key: the same run
         wait_for_log(api, first.json()["id"], "waiting for a slot of global concurrency limit 'gpu'")
         time.sleep(2)
@@ -228,7 +228,7 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
         (300,)
     ]
 
-    artifacts = httpx.post(
+    artifacts = rest.post(
         f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}, timeout=10
     ).json()
     by_key = {a["key"]: a for a in artifacts}
@@ -245,7 +245,7 @@ def test_rest_trigger_runs_to_completion_with_tables_artifacts_and_callback(stac
 def test_parameter_schema_is_enforced(stack: dict[str, Any]) -> None:
     api = stack["api_url"]
     target = deployment(api, "backfill")["id"]
-    refused = httpx.post(
+    refused = rest.post(
         f"{api}/deployments/{target}/create_flow_run",
         json={"parameters": {"params": {"start_date": "2026-11-01", "colour": "blue"}}},
         timeout=10,
@@ -312,7 +312,7 @@ def test_ui_deployments_page_shows_nightly(stack: dict[str, Any]) -> None:
 
 def test_basic_auth_server_refuses_anonymous_and_deploys_with_the_auth_string(tmp_path: Path) -> None:
     with prefect_server(tmp_path, auth="ops:s3cret") as api:
-        assert httpx.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
+        assert rest.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
         env = cli_env(tmp_path / "home", PREFECT_API_URL=api, PREFECT_API_AUTH_STRING="ops:s3cret")
         deployed = nightscore("deploy", env=env)
         assert deployed.returncode == 0, deployed.stderr[-2000:]

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import prefect_rest as rest
 from tests.flow.test_deployments import CLI, wait_final
 from tests.helpers import UNGATED
 from tests.servers import PREFECT
@@ -65,10 +66,10 @@ def worker(deployed: dict[str, Any]) -> Iterator[None]:
 
 def create(api: str, name: str, parameters: dict[str, Any], **extra: Any) -> httpx.Response:
     """POST create_flow_run to a deployment by name; return the response."""
-    found = httpx.get(f"{api}/deployments/name/{name}/{name}", timeout=10)
+    found = rest.get(f"{api}/deployments/name/{name}/{name}", timeout=10)
     assert found.status_code == 200, f"deployment {name}: {found.status_code} {found.text[:500]}"
     deployment = found.json()
-    return httpx.post(
+    return rest.post(
         f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": parameters, **extra}, timeout=10
     )
 
@@ -106,8 +107,8 @@ def test_the_server_accepts_good_parameters(deployed: dict[str, Any]) -> None:
     for name, parameters in cases:
         created = create(api, name, parameters)
         assert created.status_code == 201, created.text
-        httpx.delete(f"{api}/flow_runs/{created.json()['id']}", timeout=10)  # no worker must run them
-    pool = httpx.get(f"{api}/work_pools/nightscore", timeout=10).json()
+        rest.delete(f"{api}/flow_runs/{created.json()['id']}", timeout=10)  # no worker must run them
+    pool = rest.get(f"{api}/work_pools/nightscore", timeout=10).json()
     assert pool["concurrency_limit"] == 1
 
 
@@ -151,12 +152,14 @@ def test_a_run_that_bypasses_the_schema_fails_cleanly_and_never_calls_an_interna
 
 def test_the_work_pool_runs_one_flow_run_at_a_time_and_queues_the_rest(deployed: dict[str, Any], worker: None) -> None:
     api = deployed["api"]
-    ids = [create(api, "train-ranker", {}).json()["id"] for _ in range(3)]  # each fails fast: nothing is published
+    created = [create(api, "train-ranker", {}) for _ in range(3)]  # each fails fast: nothing is published
+    assert all(c.status_code == 201 for c in created), [c.text[:300] for c in created]
+    ids = [c.json()["id"] for c in created]
     intervals = []
     for flow_run_id in ids:
         final = wait_final(api, flow_run_id)
         assert final["state_type"] in ("FAILED", "COMPLETED"), final["state"]
-        states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}, timeout=10).json()
+        states = rest.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}, timeout=10).json()
         at = {s["type"]: datetime.fromisoformat(s["timestamp"].replace("Z", "+00:00")) for s in states}
         intervals.append((min(at.get("PENDING", at["RUNNING"]), at["RUNNING"]), at[final["state_type"]]))
     intervals.sort()
