@@ -7,13 +7,11 @@ everything; if the validation texts' min cosine is under the target (the int8 fl
 texts not seen here), quantise once more with each *role* (the same Linear in every block, e.g. the FFN
 down-projection) kept float, then keep roles float in the order of what each recovered until the target is
 met. Statistics come from one corpus and the verdict from another, so the choice is not graded on its own
-calibration data.
+calibration data. The trials share one collection of those statistics (`shared_statistics`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import re
 import time
@@ -25,6 +23,7 @@ import numpy as np
 
 from models.backends.base import BackendUnavailable
 from models.backends.int8 import SMOOTHING_ALPHA
+from models.backends.shared_statistics import SharedStatistics
 from models.pooling import pool_numpy
 from models.precision import fidelity
 
@@ -73,25 +72,6 @@ def matmul_roles(model: Any) -> dict[str, list[str]]:
     return roles
 
 
-def quantize(model: Any, calibration: Sequence[Inputs], ignored: Sequence[str]) -> Any:
-    """Return the statically quantised copy of model (MatMuls named in ignored stay float)."""
-    import nncf
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
-
-    nncf.set_log_level(logging.ERROR)
-    smoothing = AdvancedSmoothQuantParameters(matmul=SMOOTHING_ALPHA)
-    with contextlib.redirect_stdout(io.StringIO()):  # NNCF draws progress bars on stdout whatever its log level
-        return nncf.quantize(
-            model.clone(),
-            nncf.Dataset(list(calibration)),
-            model_type=nncf.ModelType.TRANSFORMER,
-            preset=nncf.QuantizationPreset.MIXED,
-            subset_size=len(calibration),
-            ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
-            advanced_parameters=AdvancedQuantizationParameters(smooth_quant_alphas=smoothing),
-        )
-
-
 def min_cosine(model: Any, validation: Validation, config: dict[str, object]) -> float:
     """Return the min cosine of model's pooled vectors to the expected ones over the validation batches."""
     import openvino as ov
@@ -135,14 +115,15 @@ class _Search:
     def __init__(
         self, model: Any, calibration: Sequence[Inputs], validation: Validation, config: dict[str, object], target: float
     ) -> None:
-        self.model, self.calibration, self.validation, self.config, self.target = model, calibration, validation, config, target
+        self.validation, self.config, self.target = validation, config, target
         self.roles = matmul_roles(model)
+        self.statistics = SharedStatistics(model, calibration, SMOOTHING_ALPHA)
         self.trials: dict[frozenset[str], tuple[Any, float]] = {}
 
     def cosine(self, kept: frozenset[str]) -> float:
         """Return the min cosine with the MatMuls in kept float (quantised and measured once per set)."""
         if kept not in self.trials:
-            quantized = quantize(self.model, self.calibration, sorted(kept))
+            quantized = self.statistics.quantize(sorted(kept))
             self.trials[kept] = (quantized, min_cosine(quantized, self.validation, self.config))
             log.info("int8 with %d MatMuls float: min cosine %.5f", len(kept), self.trials[kept][1])
         return self.trials[kept][1]
