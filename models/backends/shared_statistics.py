@@ -34,13 +34,15 @@ class SharedStatistics:
         import nncf
         from nncf.common.factory import build_graph
 
+        nncf.set_log_level(logging.ERROR)  # else it logs every quantizer it places or leaves out, per trial
         self._dataset, self._size, self._alpha = nncf.Dataset(list(calibration)), len(calibration), smoothing_alpha
         base = self.pipeline(())
         self._last = len(base.pipeline_steps) - 1
         smoothed, graph = model.clone(), build_graph(model)
         for step in range(self._last):
             statistics = self._collect(base.get_statistic_points_for_step(step, smoothed, graph), smoothed, graph)
-            smoothed = base.run_step(step, statistics, smoothed, graph)
+            with contextlib.redirect_stdout(io.StringIO()):  # NNCF draws progress bars whatever its log level
+                smoothed = base.run_step(step, statistics, smoothed, graph)
             graph = build_graph(smoothed)
         self._smoothed, self._graph = smoothed, graph
         self._keys = [algorithm._algorithm_key for algorithm in base.pipeline_steps[self._last]]
@@ -74,7 +76,7 @@ class SharedStatistics:
         if statistics is self._statistics:
             for algorithm, key in zip(algorithms, self._keys, strict=True):
                 algorithm._algorithm_key = key
-        with contextlib.redirect_stdout(io.StringIO()):  # NNCF draws progress bars on stdout whatever its log level
+        with contextlib.redirect_stdout(io.StringIO()):
             quantized = pipeline.run_step(self._last, statistics, self._smoothed.clone(), self._graph)
         compress_quantize_weights_transformation(quantized)  # what nncf.quantize does last: int8 weight constants
         return quantized
