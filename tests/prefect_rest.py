@@ -17,7 +17,6 @@ ATTEMPTS = 6
 
 def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
     """Return the response to the request, retried with backoff while the server answers 429/502/503."""
-    kwargs.setdefault("timeout", 10)
     for attempt in range(ATTEMPTS):
         response = httpx.request(method, url, **kwargs)
         if response.status_code not in RETRIED or attempt == ATTEMPTS - 1:
