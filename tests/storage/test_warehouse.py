@@ -270,7 +270,7 @@ while not stop.exists():
     counts.add(items)
     if rows_in != items or users != 2:
         mismatches.append([rows_in, items, users])
-    time.sleep(0.01)
+    time.sleep(0.05)  # DuckDB: a pause between reads, else the reader holds the file so often the writer starves
 print(json.dumps({"counts": sorted(counts), "mismatches": mismatches}))
 """
 
