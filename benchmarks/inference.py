@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.backends.registry import BACKENDS, unavailable_reason
-from models.calibration import CPU_FLAGS
+from models.calibration import CPU_FLAGS, cpu_model_and_flags
 from models.encoder import EncoderSpec, TextEncoder, configure_threads, load_encoder, model_dir, resolve_device
 from models.engine import encode_texts, run_batches
 from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for
@@ -91,16 +91,13 @@ def load_texts(path: str | None, n: int) -> list[str]:
 
 def native_bf16_cpu() -> bool:
     """Return whether the CPU multiplies bf16 natively (AVX-512 BF16 or AMX); elsewhere torch emulates it slowly."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return bool(cpu_model_and_flags()[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_flags() -> str:
     """Return the CPU model and which of the flags that matter here it has (and lacks)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    model, flags = cpu_model_and_flags()
+    model = "unknown" if model == "cpu" else model
     have = [f for f in CPU_FLAGS if f in flags]
     lack = [f for f in CPU_FLAGS if f not in flags]
     return f"CPU {model}, {os.cpu_count()} logical cores; flags: {' '.join(have) or '-'}; lacks: {' '.join(lack) or '-'}"

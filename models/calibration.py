@@ -119,6 +119,13 @@ def device_kind(device: torch.device, threads: int) -> str:
     """Return a file-safe name of the kind of machine: GPU name, or CPU model + relevant flags + threads."""
     if device.type == "cuda":
         return _slug(f"cuda-{torch.cuda.get_device_name(device)}")
+    model, flags = cpu_model_and_flags()
+    present = [f for f in CPU_FLAGS if f in flags]
+    return _slug(f"cpu-{model}-{'-'.join(present) or 'baseline'}-{threads}t")
+
+
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """Return the CPU's model name ('cpu' when unknown) and its feature flags, from /proc/cpuinfo."""
     model, flags = "cpu", set[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -127,8 +134,7 @@ def device_kind(device: torch.device, threads: int) -> str:
                 model = line.split(":", 1)[1].strip()
             elif line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
-    present = [f for f in CPU_FLAGS if f in flags]
-    return _slug(f"cpu-{model}-{'-'.join(present) or 'baseline'}-{threads}t")
+    return model, flags
 
 
 def _slug(text: str) -> str:
