@@ -31,6 +31,8 @@ class BackendRequest:
     # batches of another corpus (other seed): where a backend grades its own int8 choices against fp32
     validation_batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
     int8_floor: float = 0.99
+    # over 0 (auto's calibration): int8 that cannot beat float by this tokens/s ratio is refused before any search
+    int8_min_speedup: float = 0.0
     streams: int = 1  # batches run at once (a backend that cannot keeps 1)
 
 

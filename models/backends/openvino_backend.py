@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from models.backends.base import BackendRequest, BackendUnavailable, converted_dir
-from models.backends.openvino_int8 import MARGIN, Inputs, Validation, quantize_to_target
+from models.backends.openvino_int8 import MARGIN, Inputs, SpeedGate, Validation, quantize_to_target
 from models.pooling import pool
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,8 @@ def quantized(request: BackendRequest, float_model: Any) -> tuple[Any, dict[str,
         raise BackendUnavailable("OpenVINO int8 needs calibration and validation texts (none were given)")
     calibration = [{"input_ids": ids.numpy(), "attention_mask": mask.numpy()} for ids, mask in request.sample_batches]
     config = {"INFERENCE_PRECISION_HINT": inference_hint("int8"), "INFERENCE_NUM_THREADS": request.threads}
-    result = quantize_to_target(float_model, calibration, _validation(request), request.int8_floor, config)
+    gate = SpeedGate(request.int8_min_speedup, float_model) if request.int8_min_speedup > 0 else None
+    result = quantize_to_target(float_model, calibration, _validation(request), request.int8_floor, config, gate)
     report: dict[str, object] = {
         "float_roles": list(result.float_roles),
         "float_matmuls": list(result.float_matmuls),

@@ -14,7 +14,17 @@ import torch
 
 from models.backends.base import BackendRequest
 from models.backends.openvino_backend import _validation, convert
-from models.backends.openvino_int8 import MARGIN, QuantizationFailed, matmul_roles, min_cosine, quantize_to_target
+from models.backends.openvino_int8 import (
+    MARGIN,
+    Int8NotFaster,
+    QuantizationFailed,
+    SpeedGate,
+    matmul_roles,
+    min_cosine,
+    quantize_to_target,
+    timing_batch,
+    tokens_per_s,
+)
 from models.backends.registry import unavailable_reason
 from models.calibration import stream_counts
 from models.encoder import EncoderSpec, _request, load_encoder, load_module, load_tokenizer, model_info
@@ -73,6 +83,40 @@ def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: P
     assert strict.min_cosine >= strict_floor + MARGIN
     assert strict.float_matmuls and strict.quantized_matmuls == strict.matmuls - len(strict.float_matmuls)
     assert strict.min_cosine > loose.min_cosine
+
+
+def test_int8_that_cannot_beat_float_is_refused_before_any_search(bert: Path) -> None:
+    _skip_unless("int8")
+    request = _int8_request(bert)
+    float_model, validation = convert(request.module), _validation(request)
+    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
+    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    strict_floor = 1.0 - MARGIN  # would need a long search of float roles
+    with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+ \(\d+\.\d\dx, under the 100x"):
+        quantize_to_target(float_model, calibration, validation, strict_floor, config, SpeedGate(100.0, float_model))
+    passed = quantize_to_target(float_model, calibration, validation, 0.5, config, SpeedGate(1e-6, float_model))
+    assert passed.quantized_matmuls == passed.matmuls  # a gate it clears changes nothing
+
+
+def test_the_timing_batch_is_planned_size_and_models_are_timed_alike(bert: Path) -> None:
+    _skip_unless("fp32")
+    validation = _validation(_int8_request(bert))
+    batch = timing_batch(validation, 8, 16)
+    assert batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
+    assert batch["input_ids"][0, 0] == validation.batches[0]["input_ids"][0, 0]
+    model = convert(_int8_request(bert).module)
+    speeds = tokens_per_s([model, model], batch, {"INFERENCE_NUM_THREADS": 1}, 3)
+    assert len(speeds) == 2 and all(speed > 0 for speed in speeds)
+    assert 0.2 < speeds[0] / speeds[1] < 5  # one model twice: the same speed within machine noise
+
+
+def test_auto_asks_int8_to_beat_float_and_a_pinned_int8_does_not(bert: Path) -> None:
+    tokenizer = load_tokenizer(128, str(bert))
+    for precision, expected in (("auto", 1.05), ("int8", 0.0)):
+        spec = EncoderSpec(device="cpu", model_path=str(bert), precision=precision)
+        info = model_info(spec)
+        request = _request(spec, info, load_module(spec, info), "int8", torch.device("cpu"), 2, tokenizer)
+        assert request.int8_min_speedup == expected
 
 
 def test_an_unreachable_int8_floor_is_refused_naming_it(bert: Path) -> None:

@@ -224,3 +224,33 @@ def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_flo
     assert choose([fast_pad, plain, int8]) is plain  # all within 5%: no extra padding, then float
     clear_win = trial("openvino", "int8", 4096, 1, 120.0, 0.995)
     assert choose([fast_pad, plain, int8, clear_win]) is clear_win  # 20% faster is not noise
+
+
+class _Slowed:
+    """A real backend that waits after every batch: a runtime several times slower than the one it wraps."""
+
+    def __init__(self, backend: object, delay_s: float) -> None:
+        self._backend, self._delay = backend, delay_s
+        self.name, self.precision, self.streams, self.length_multiple = "slowed", "fp32", 1, 1
+
+    def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        import time
+
+        hidden = self._backend.hidden_states(input_ids, mask)  # type: ignore[attr-defined]
+        time.sleep(self._delay)
+        return hidden
+
+
+def test_screening_drops_a_candidate_far_slower_on_one_batch_before_its_corpus_passes(tiny: TextEncoder) -> None:
+    from models.calibration import SCREEN, Mode, Trial, _screen
+
+    slow = TextEncoder(tiny.info, tiny.tokenizer, _Slowed(tiny.backend, 0.05), tiny.device, 256)  # type: ignore[arg-type]
+    fast_trial, slow_trial = Trial(Mode("torch", "fp32", 256), 0.999), Trial(Mode("slowed", "fp32", 256), 0.999)
+    texts = [_long_text(40, seed) for seed in range(24)]  # several batches: the slow one waits once per batch
+    _screen([(fast_trial, tiny), (slow_trial, slow)], texts)
+    assert fast_trial.note == "" and fast_trial.fidelity is None  # kept for the fidelity and timing passes
+    assert slow_trial.note.startswith("dropped on one screening batch") and f"1/{SCREEN}" in slow_trial.note
+    assert slow_trial.tokens_per_s > 0 and not slow_trial.meets_floor
+    kept = Trial(Mode("slowed", "fp32", 256), 0.999)
+    _screen([(kept, slow)], texts)  # alone it is the fastest there is: nothing to drop it for
+    assert kept.note == ""
