@@ -227,24 +227,26 @@ def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_flo
 
 
 class _Slowed:
-    """A real backend that waits after every batch: a runtime several times slower than the one it wraps."""
+    """A real backend that waits after every batch for `factor` times the batch took, plus delay_s: a runtime
+    that many times slower than the one it wraps, however loaded the machine is."""
 
-    def __init__(self, backend: object, delay_s: float) -> None:
-        self._backend, self._delay = backend, delay_s
+    def __init__(self, backend: object, factor: float, delay_s: float) -> None:
+        self._backend, self._factor, self._delay = backend, factor, delay_s
         self.name, self.precision, self.streams, self.length_multiple = "slowed", "fp32", 1, 1
 
     def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         import time
 
+        started = time.perf_counter()
         hidden = self._backend.hidden_states(input_ids, mask)  # type: ignore[attr-defined]
-        time.sleep(self._delay)
+        time.sleep(self._factor * (time.perf_counter() - started) + self._delay)
         return hidden
 
 
 def test_screening_drops_a_candidate_far_slower_on_one_batch_before_its_corpus_passes(tiny: TextEncoder) -> None:
     from models.calibration import SCREEN, Mode, Trial, _screen
 
-    slow = TextEncoder(tiny.info, tiny.tokenizer, _Slowed(tiny.backend, 0.05), tiny.device, 256)  # type: ignore[arg-type]
+    slow = TextEncoder(tiny.info, tiny.tokenizer, _Slowed(tiny.backend, 9.0, 0.1), tiny.device, 256)  # type: ignore[arg-type]
     fast_trial, slow_trial = Trial(Mode("torch", "fp32", 256), 0.999), Trial(Mode("slowed", "fp32", 256), 0.999)
     texts = [_long_text(40, seed) for seed in range(24)]  # several batches: the slow one waits once per batch
     _screen([(fast_trial, tiny), (slow_trial, slow)], texts)
