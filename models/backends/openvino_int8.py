@@ -12,7 +12,7 @@ calibration data. The trials share one collection of those statistics (`shared_s
 Under `auto` the search is only worth its minutes where int8 can win: the all-int8 model is the fastest any
 choice of float roles can be, so it is timed against the float model first (same hint, same threads, one
 planned-size batch) and, when it is not `min_speedup` times faster, the search stops there (Int8NotFaster).
-On a 2-core AVX2 EPYC without VNNI all-int8 ran at 0.8x OpenVINO fp32: the search had cost 175 s for nothing.
+On a 2-core AVX2 EPYC without VNNI all-int8 ran at 0.73-0.97x OpenVINO fp32: the search had cost 175 s for nothing.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from models.backends.openvino_int8 import (
     Int8NotFaster,
     QuantizationFailed,
     SpeedGate,
+    Validation,
     matmul_roles,
     min_cosine,
     quantize_to_target,
@@ -54,6 +55,14 @@ def _int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
     return _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(info.path)))
 
 
+def _search_inputs(bert: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:
+    """Return (float IR, calibration batches, validation, f32 config on 2 threads) of the int8 search on bert."""
+    request = _int8_request(bert)
+    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
+    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    return convert(request.module), calibration, _validation(request), config
+
+
 def test_matmuls_are_grouped_by_role_across_blocks(bert: Path) -> None:
     _skip_unless("fp32")
     request = _int8_request(bert)
@@ -67,10 +76,7 @@ def test_matmuls_are_grouped_by_role_across_blocks(bert: Path) -> None:
 
 def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: Path) -> None:
     _skip_unless("int8")
-    request = _int8_request(bert)
-    float_model, validation = convert(request.module), _validation(request)
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    float_model, calibration, validation, config = _search_inputs(bert)
     loose = quantize_to_target(float_model, calibration, validation, 0.5, config)
     assert loose.float_matmuls == () and loose.quantized_matmuls == loose.matmuls  # everything int8 when it is enough
     assert min_cosine(loose.model, validation, config) == pytest.approx(loose.min_cosine, abs=1e-6)
@@ -87,10 +93,7 @@ def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: P
 
 def test_int8_that_cannot_beat_float_is_refused_before_any_search(bert: Path) -> None:
     _skip_unless("int8")
-    request = _int8_request(bert)
-    float_model, validation = convert(request.module), _validation(request)
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    float_model, calibration, validation, config = _search_inputs(bert)
     strict_floor = 1.0 - MARGIN  # would need a long search of float roles
     with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+ \(\d+\.\d\dx, under the 100x"):
         quantize_to_target(float_model, calibration, validation, strict_floor, config, SpeedGate(100.0, float_model))
