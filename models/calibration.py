@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: modes carry streams; OpenVINO int8 is static
+FORMAT = 3  # 2: modes carry streams; OpenVINO int8 is static. 3: the onnxruntime backend
 CPU_PRECISIONS = ("fp32", "bf16", "int8")
 CUDA_PRECISIONS = ("bf16", "fp16", "fp32")
 CPU_BUDGETS = (1024, 2048, 4096)
@@ -159,12 +159,6 @@ def budgets(spec: EncoderSpec, device: torch.device) -> tuple[int, ...]:
 
 def calibration_key(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict[str, object]:
     """Return everything a persisted choice depends on; a stored choice with another key is measured again."""
-    try:
-        import openvino
-
-        ov_version = openvino.__version__
-    except ImportError:
-        ov_version = "none"
     return {
         "format": FORMAT,
         "device_kind": device_kind(device, threads),
@@ -175,8 +169,19 @@ def calibration_key(spec: EncoderSpec, info: ModelInfo, device: torch.device, th
         "candidates": [list(c) for c in candidates(spec, device)],
         "budgets": list(budgets(spec, device)),
         "torch": torch.__version__,
-        "openvino": ov_version,
+        "openvino": _version_of("openvino"),
+        "onnxruntime": _version_of("onnxruntime"),
     }
+
+
+def _version_of(package: str) -> str:
+    """Return an installed runtime's version, or 'none' (a runtime added or upgraded changes the answer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "none"
 
 
 def calibration_file(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Path:

@@ -77,7 +77,7 @@ class EncoderSpec:
     max_seq_length: int = 256  # a cap: the model's own max_seq_length applies when lower
     num_threads: int | None = None
     model_path: str | None = None  # a local folder in sentence-transformers layout (default: the packaged MiniLM)
-    backend: str = "auto"  # auto | torch | openvino
+    backend: str = "auto"  # auto | torch | openvino | onnxruntime
     cache_dir: str | None = None  # conversions and calibrations; auto calibrates only when one is given
     float_floor: float = DEFAULT_FLOAT_FLOOR
     int8_floor: float = DEFAULT_INT8_FLOOR

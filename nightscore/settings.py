@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
         "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2.",
     )
-    backend: Literal["auto", "torch", "openvino"] = Field(
+    backend: Literal["auto", "torch", "openvino", "onnxruntime"] = Field(
         "auto",
         description="auto: chosen with precision and token budget by a short calibration at warm-up, "
         "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused.",

@@ -58,6 +58,18 @@ class Backend(Protocol):
         ...
 
 
+class HiddenStates(torch.nn.Module):
+    """(input_ids, attention_mask) -> last_hidden_state: the signature a backend converts or exports."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Return the last hidden states."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 def converted_dir(request: BackendRequest, backend: str) -> Path | None:
     """Return the cache folder of a converted model keyed by model digest, backend and precision, or None."""
     if request.cache_dir is None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.backends.base import BackendRequest, BackendUnavailable, converted_dir
+from models.backends.base import BackendRequest, BackendUnavailable, HiddenStates, converted_dir
 from models.backends.openvino_int8 import MARGIN, Inputs, SpeedGate, Validation, quantize_to_target
 from models.pooling import pool
 
@@ -61,25 +61,13 @@ def inference_hint(precision: str) -> str:
     return "f32"
 
 
-class _HiddenStates(torch.nn.Module):
-    """(input_ids, attention_mask) -> last_hidden_state: the traced signature."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Return the last hidden states."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
 def convert(module: torch.nn.Module) -> Any:  # an openvino.Model (imported on first use)
     """Return the float OpenVINO model of a torch module, with dynamic batch and length."""
     import openvino as ov
 
     example = {"input_ids": torch.ones(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
     return ov.convert_model(
-        _HiddenStates(module).eval(),
+        HiddenStates(module).eval(),
         example_input=example,
         input=[("input_ids", [-1, -1], ov.Type.i64), ("attention_mask", [-1, -1], ov.Type.i64)],
     )

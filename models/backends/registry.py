@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from models.backends import openvino_backend, torch_backend
+from models.backends import onnxruntime_backend, openvino_backend, torch_backend
 from models.backends.base import Backend, BackendRequest, BackendUnavailable
 
-BACKENDS = ("torch", "openvino")
+BACKENDS = ("torch", "openvino", "onnxruntime")
 
 
 def unavailable_reason(backend: str, precision: str, device: torch.device) -> str | None:
@@ -16,6 +16,8 @@ def unavailable_reason(backend: str, precision: str, device: torch.device) -> st
         return torch_backend.unavailable_reason(precision, device)
     if backend == "openvino":
         return openvino_backend.unavailable_reason(precision, device)
+    if backend == "onnxruntime":
+        return onnxruntime_backend.unavailable_reason(precision, device)
     return f"unknown backend {backend!r} (one of {', '.join(BACKENDS)})"
 
 
@@ -26,4 +28,6 @@ def load_backend(backend: str, request: BackendRequest) -> Backend:
         raise BackendUnavailable(reason)
     if backend == "torch":
         return torch_backend.TorchBackend(request)
+    if backend == "onnxruntime":
+        return onnxruntime_backend.OnnxRuntimeBackend(request)
     return openvino_backend.OpenVINOBackend(request)

@@ -6,6 +6,7 @@ Backends that cannot run on this machine skip with the reason the engine gives.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -176,21 +177,39 @@ def test_auto_without_a_cache_folder_keeps_the_fixed_default(folders: dict[str, 
     assert (encoder.backend.name, encoder.backend.precision, encoder.calibration) == ("torch", "fp32", None)
 
 
-def test_openvino_conversion_is_cached_by_digest_backend_and_precision(folders: dict[str, Path], tmp_path: Path) -> None:
-    _skip_unless_runs("openvino", "fp32")
+@pytest.mark.parametrize(("backend", "artifact"), [("openvino", "model.xml"), ("onnxruntime", "model.onnx")])
+def test_a_conversion_is_cached_by_digest_backend_and_precision(
+    folders: dict[str, Path], tmp_path: Path, backend: str, artifact: str
+) -> None:
+    _skip_unless_runs(backend, "fp32")
     spec = EncoderSpec(
-        device="cpu", precision="fp32", backend="openvino", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path)
+        device="cpu", precision="fp32", backend=backend, model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path)
     )
     first = load_encoder(spec)
-    xmls = list((tmp_path / "converted").glob("*/*/model.xml"))
-    assert len(xmls) == 1 and xmls[0].parent.parent.name == first.info.digest
-    assert xmls[0].parent.name.startswith("openvino-") and xmls[0].parent.name.endswith("-fp32")
-    stamp = xmls[0].stat().st_mtime_ns
+    files = list((tmp_path / "converted").glob(f"*/*/{artifact}"))
+    assert len(files) == 1 and files[0].parent.parent.name == first.info.digest
+    assert files[0].parent.name.startswith(f"{backend}-") and files[0].parent.name.endswith("-fp32")
+    assert not list((tmp_path / "converted").glob("*/*/*.tmp-*"))  # written under a temporary name, then renamed
+    stamp = files[0].stat().st_mtime_ns
     second = load_encoder(spec)
-    assert xmls[0].stat().st_mtime_ns == stamp  # read back, not converted again
+    assert files[0].stat().st_mtime_ns == stamp  # read back, not converted again
     a, _ = encode_texts(first, TEXTS)
     b, _ = encode_texts(second, TEXTS)
     assert np.array_equal(a, b)
+    assert first.version.endswith(f"+{backend}-fp32")
+
+
+def test_onnxruntime_streams_run_batches_at_once_with_the_same_vectors(folders: dict[str, Path], tmp_path: Path) -> None:
+    _skip_unless_runs("onnxruntime", "fp32")
+    one_spec = EncoderSpec(
+        device="cpu", precision="fp32", backend="onnxruntime", model_path=str(folders["mpnet-max"]), cache_dir=str(tmp_path)
+    )
+    one = load_encoder(one_spec)
+    two = load_encoder(replace(one_spec, streams=2, num_threads=2))
+    assert (one.backend.streams, two.backend.streams) == (1, 2)
+    a, _ = encode_texts(one, TEXTS, token_budget=64)
+    b, _ = encode_texts(two, TEXTS, token_budget=64)  # many small batches, two in flight at a time
+    assert cos_rows(a, b).min() >= 0.99999
 
 
 def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_path: Path) -> None:
