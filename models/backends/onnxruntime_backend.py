@@ -1,8 +1,8 @@
 """The ONNX Runtime backend (CPU, fp32): the model exported locally from its torch module, cached by digest.
 
-On an AVX2-only CPU (no VNNI, no native bf16) ONNX Runtime's fp32 kernels ran MiniLM's length-sorted batches
-1.1-1.4x faster than torch and OpenVINO fp32 (docs/engine.md), and there is no faster precision over the
-int8 floor on such a CPU. Its int8 paths were measured and left out: dynamic int8 with one activation scale per
+On an AVX2-only CPU (no VNNI, no native bf16) there is no precision faster than fp32 over the int8 floor, and
+ONNX Runtime's fp32 ran MiniLM's length-sorted batches 1.1-1.4x torch fp32 and 1.0-1.12x OpenVINO fp32
+(docs/engine.md); `auto` measures which wins on the machine it finds. Its int8 paths were measured and left out: dynamic int8 with one activation scale per
 tensor falls to min cosine 0.83-0.96, and per-token scales built from standard operators (faithful, 0.992) or
 8-bit MatMulNBits (0.998) ran no faster than fp32 there. `streams` > 1 opens that many sessions, the threads
 split between them, so that the engine can run that many batches at once.
