@@ -1,11 +1,12 @@
 """The ONNX Runtime backend (CPU, fp32): the model exported locally from its torch module, cached by digest.
 
 On an AVX2-only CPU (no VNNI, no native bf16) there is no precision faster than fp32 over the int8 floor, and
-ONNX Runtime's fp32 ran MiniLM's length-sorted batches 1.1-1.4x torch fp32 and 1.0-1.12x OpenVINO fp32
-(docs/engine.md); `auto` measures which wins on the machine it finds. Its int8 paths were measured and left out: dynamic int8 with one activation scale per
-tensor falls to min cosine 0.83-0.96, and per-token scales built from standard operators (faithful, 0.992) or
-8-bit MatMulNBits (0.998) ran no faster than fp32 there. `streams` > 1 opens that many sessions, the threads
-split between them, so that the engine can run that many batches at once.
+ONNX Runtime's fp32 ran MiniLM's length-sorted batches 1.1-1.4x torch fp32 and 0.94-1.17x OpenVINO fp32
+(docs/engine.md); `auto` measures which wins on the machine it finds. Its int8 paths were measured and left
+out: dynamic int8 with one activation scale per tensor falls to min cosine 0.83-0.96, and per-token scales
+built from standard operators (faithful, 0.992) or 8-bit MatMulNBits (0.998) ran no faster than fp32 there.
+`streams` > 1 opens that many sessions, the threads split between them, so that the engine can run that many
+batches at once.
 """
 
 from __future__ import annotations
