@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -57,38 +58,43 @@ def _eager_copy(module: torch.nn.Module) -> torch.nn.Module:
     return twin.eval()
 
 
-def export(module: torch.nn.Module, target: Path) -> None:
-    """Write the fp32 ONNX graph of a torch module (dynamic batch and length) to target, atomically."""
+def export(module: torch.nn.Module) -> bytes:
+    """Return the fp32 ONNX graph of a torch module (dynamic batch and length), serialised."""
     example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))
-    staging = target.with_name(f"{target.name}.tmp-{time.time_ns()}")
-    target.parent.mkdir(parents=True, exist_ok=True)
     dynamic = {0: "rows", 1: "length"}
-    with warnings.catch_warnings():  # the tracer's notes on Python-side shape checks: the tests pin the outputs
+    # warnings off: the tracer's notes on Python-side shape checks (the tests pin the outputs on several shapes)
+    with tempfile.TemporaryDirectory(prefix="nightscore-onnx-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             HiddenStates(_eager_copy(module)).eval(),
             example,
-            str(staging),
+            f"{scratch}/model.onnx",
             input_names=["input_ids", "attention_mask"],
             output_names=["last_hidden_state"],
             dynamic_axes={"input_ids": dynamic, "attention_mask": dynamic, "last_hidden_state": dynamic},
             opset_version=OPSET,
             dynamo=False,
         )
-    staging.replace(target)
+        return Path(scratch, "model.onnx").read_bytes()
 
 
-def load_or_export(request: BackendRequest, folder: Path) -> Path:
-    """Return the path of the exported graph: the cached one when there, else exported (into the cache) now."""
-    path = folder / "model.onnx"
-    if not path.is_file():
-        started = time.perf_counter()
-        try:
-            export(request.module, path)
-        except (RuntimeError, ValueError, torch.onnx.OnnxExporterError) as exc:
-            raise BackendUnavailable(f"cannot export {request.info.version} to ONNX: {str(exc)[:200]}") from exc
-        log.info("exported %s to ONNX in %.1fs", request.info.version, time.perf_counter() - started)
-    return path
+def load_or_export(request: BackendRequest, folder: Path | None) -> str | bytes:
+    """Return the cached graph's path, else the graph exported now (and written atomically into folder, if any)."""
+    path = folder / "model.onnx" if folder is not None else None
+    if path is not None and path.is_file():
+        return str(path)
+    started = time.perf_counter()
+    try:
+        graph = export(request.module)
+    except (RuntimeError, ValueError, torch.onnx.OnnxExporterError) as exc:
+        raise BackendUnavailable(f"cannot export {request.info.version} to ONNX: {str(exc)[:200]}") from exc
+    log.info("exported %s to ONNX in %.1fs", request.info.version, time.perf_counter() - started)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f"{path.name}.tmp-{time.time_ns()}")
+        staging.write_bytes(graph)
+        staging.replace(path)  # a killed run leaves no half graph under the real name
+    return graph
 
 
 def _session_options(threads: int, streams: int) -> Any:  # an onnxruntime.SessionOptions
@@ -118,23 +124,14 @@ class OnnxRuntimeBackend:
         import onnxruntime as ort
 
         self._ort_version = ort.__version__
-        folder = converted_dir(request, f"onnxruntime-{self._ort_version}")
-        scratch = None
-        if folder is None:  # no cache folder: export to a temporary one, read once
-            import tempfile
-
-            scratch = tempfile.TemporaryDirectory(prefix="nightscore-onnx-")
-            folder = Path(scratch.name)
-        path = load_or_export(request, folder)
+        graph = load_or_export(request, converted_dir(request, f"onnxruntime-{self._ort_version}"))
         self.precision = request.precision
         self.length_multiple = 1
         self.streams = max(1, min(request.streams, request.threads))
         options = _session_options(request.threads, self.streams)
         self._sessions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(self.streams):
-            self._sessions.put(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
-        if scratch is not None:
-            scratch.cleanup()
+            self._sessions.put(ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"]))
 
     @property
     def version(self) -> str:
