@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from models.backends.base import Backend, BackendUnavailable
+from models.backends.base import Backend, BackendUnavailable, write_atomically
 from models.backends.registry import BACKENDS, load_backend, unavailable_reason
 from models.precision import PROBE_TEXTS, Fidelity, fidelity, floor_for
 from models.st_layout import ModelInfo
@@ -254,7 +254,6 @@ def calibrate_or_load(
 def _persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int, calibration: Calibration) -> None:
     """Write the choice atomically (temporary name, then rename)."""
     file = calibration_file(spec, info, device, threads)
-    file.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "key": calibration_key(spec, info, device, threads),
         "mode": asdict(calibration.mode),
@@ -264,9 +263,7 @@ def _persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: 
         "table": calibration.table,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    staging = file.with_name(f"{file.name}.tmp-{time.time_ns()}")
-    staging.write_text(json.dumps(body, indent=2))
-    staging.replace(file)
+    write_atomically(file, json.dumps(body, indent=2).encode())
 
 
 def calibration_texts(tokenizer: Tokenizer, max_length: int, tokens: int, seed: int = 0) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -75,3 +76,11 @@ def converted_dir(request: BackendRequest, backend: str) -> Path | None:
     if request.cache_dir is None:
         return None
     return Path(request.cache_dir) / "converted" / request.info.digest / f"{backend}-{request.precision}"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write data to path under a temporary name, then rename it into place (a killed run leaves no half file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f"{path.name}.tmp-{time.time_ns()}")
+    staging.write_bytes(data)
+    staging.replace(path)

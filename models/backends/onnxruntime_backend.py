@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.backends.base import BackendRequest, BackendUnavailable, HiddenStates, converted_dir
+from models.backends.base import BackendRequest, BackendUnavailable, HiddenStates, converted_dir, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ def load_or_export(request: BackendRequest, folder: Path | None) -> str | bytes:
         raise BackendUnavailable(f"cannot export {request.info.version} to ONNX: {str(exc)[:200]}") from exc
     log.info("exported %s to ONNX in %.1fs", request.info.version, time.perf_counter() - started)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f"{path.name}.tmp-{time.time_ns()}")
-        staging.write_bytes(graph)
-        staging.replace(path)  # a killed run leaves no half graph under the real name
+        write_atomically(path, graph)
     return graph
 
 
