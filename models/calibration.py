@@ -3,7 +3,8 @@
 For every candidate the calibration measures fidelity against torch fp32 (min cosine over the probe
 texts and a corpus of mixed lengths) and throughput (real tokens/s through the engine, best of
 interleaved repeats); the fastest candidate that meets its floor wins (within 5% it is a tie, settled for less
-padding, then higher fidelity). The choice is written to
+padding, then higher fidelity). A length multiple (batch lengths rounded up for a runtime's kernels) is tried only
+where its rounding keeps the calibration corpus's padding efficiency at the padding floor. The choice is written to
 ``<cache_dir>/calibration/<device kind>/<model digest>.json`` so the next run on the same kind of machine
 reads it instead of measuring again; anything that could change the answer (runtimes' versions, floors,
 candidates, thread count, the model) is part of the stored key, and a mismatch recalibrates.
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # 2: modes carry streams; OpenVINO int8 is static. 3: the onnxruntime backend
+FORMAT = 4  # 2: modes carry streams; OpenVINO int8 is static. 3: the onnxruntime backend. 4: the padding floor
 CPU_PRECISIONS = ("fp32", "bf16", "int8")
 CUDA_PRECISIONS = ("bf16", "fp16", "fp32")
 CPU_BUDGETS = (1024, 2048, 4096)
@@ -45,6 +46,7 @@ STREAM_COUNTS = (2, 4)  # tried for the finalists of a multi-stream backend (nev
 REPEATS = 2
 FINALISTS = 2
 SCREEN = 3  # a candidate under a third of the fastest on one batch cannot win on the corpus: dropped unmeasured
+DEFAULT_PADDING_FLOOR = 0.97  # a length multiple whose rounding alone pads under this is not tried
 TIE = 0.05  # trials within 5% of the fastest are a tie on a shared machine (repeated passes swing more than that)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
 
@@ -76,6 +78,7 @@ class Trial:
     fidelity: Fidelity | None = None
     tokens_per_s: float = 0.0
     note: str = ""
+    padding_efficiency: float = 1.0  # real tokens / computed token slots on the calibration corpus
 
     @property
     def meets_floor(self) -> bool:
@@ -88,6 +91,7 @@ class Trial:
             "mode": self.mode.label,
             "floor": self.floor,
             "tokens_per_s": round(self.tokens_per_s, 1),
+            "padding_efficiency": round(self.padding_efficiency, 4),
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
             "note": self.note,
         }
@@ -166,6 +170,7 @@ def calibration_key(spec: EncoderSpec, info: ModelInfo, device: torch.device, th
         "max_seq_length": info.max_seq_length,
         "float_floor": spec.float_floor,
         "int8_floor": spec.int8_floor,
+        "padding_floor": spec.padding_floor,
         "candidates": [list(c) for c in candidates(spec, device)],
         "budgets": list(budgets(spec, device)),
         "torch": torch.__version__,
@@ -296,6 +301,25 @@ def choose(ok: list[Trial]) -> Trial:
     return min(tied, key=lambda t: (t.mode.length_multiple != 1, t.mode.precision == "int8", -t.tokens_per_s))
 
 
+def multiple_padding(lengths: list[int], multiple: int) -> float:
+    """Return the padding efficiency that rounding each length up to `multiple` alone leaves (1.0: none added)."""
+    rounded = sum(-(-n // multiple) * multiple for n in lengths)
+    return sum(lengths) / rounded if rounded else 1.0
+
+
+def shape_multiples(lengths: list[int], padding_floor: float) -> tuple[int, ...]:
+    """Return the length multiples worth timing: those whose rounding keeps these lengths at the padding floor."""
+    kept = tuple(m for m in SHAPE_MULTIPLES if multiple_padding(lengths, m) >= padding_floor)
+    for multiple in sorted(set(SHAPE_MULTIPLES) - set(kept)):
+        log.info(
+            "auto: length multiple %d not tried: it alone leaves padding efficiency %.3f, under the padding floor %s",
+            multiple,
+            multiple_padding(lengths, multiple),
+            padding_floor,
+        )
+    return kept or (1,)
+
+
 def run_calibration(
     spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer, device: torch.device, threads: int
 ) -> tuple[Backend, Calibration]:
@@ -336,7 +360,8 @@ def run_calibration(
         return TextEncoder(info, tokenizer, load_backend(mode.backend, request), device, mode.token_budget)
 
     _load_streams(finalists, loaded, threads, load)
-    trials += _sweep(finalists, loaded, corpus, tried, reference)
+    lengths = [min(len(tokenizer.encode(text).ids), info.max_seq_length) for text in corpus]
+    trials += _sweep(finalists, loaded, corpus, tried, reference, shape_multiples(lengths, spec.padding_floor))
     ok = [t for t in trials if t.meets_floor and t.tokens_per_s > 0]
     if not ok:
         raise BackendUnavailable("no candidate met its fidelity floor: " + "; ".join(f"{t.mode.label}: {t.note}" for t in trials))
@@ -370,7 +395,7 @@ def _screen(encoders: list[tuple[Trial, TextEncoder]], texts: list[str]) -> None
     Its fidelity and timing passes over the corpus are skipped: on a CPU without VNNI or native bf16, torch
     int8 ran at 100 and emulated bf16 at 475 tokens/s against 4,000 for fp32, and their passes took 200 s.
     """
-    speeds = [_throughput(encoder, texts, trial.mode) for trial, encoder in encoders]
+    speeds = [_throughput(encoder, texts, trial.mode)[0] for trial, encoder in encoders]
     fastest = max(speeds, default=0.0)
     for (trial, _), speed in zip(encoders, speeds, strict=True):
         if speed < fastest / SCREEN:
@@ -444,8 +469,8 @@ def _combined_fidelity(reference: TextEncoder, encoder: TextEncoder, expected: n
     return Fidelity(min(probes.min, planned.min), min(probes.p1, planned.p1), (probes.mean + planned.mean) / 2)
 
 
-def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> float:
-    """Return real tokens/s of one pass of the corpus through the engine in mode."""
+def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> tuple[float, float]:
+    """Return (real tokens/s, padding efficiency) of one pass of the corpus through the engine in mode."""
     from models.engine import encode_texts
 
     encoder.backend.length_multiple = mode.length_multiple
@@ -453,7 +478,7 @@ def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> float:
         _, stats = encode_texts(encoder, corpus, mode.token_budget)
     finally:
         encoder.backend.length_multiple = 1
-    return stats.real_tokens / max(stats.seconds, 1e-9)
+    return stats.real_tokens / max(stats.seconds, 1e-9), stats.padding_efficiency
 
 
 def _time_trials(
@@ -465,7 +490,8 @@ def _time_trials(
             if trial.note:
                 continue
             encoder = loaded.get(_key(trial.mode), reference)
-            trial.tokens_per_s = max(trial.tokens_per_s, _throughput(encoder, corpus, trial.mode))
+            speed, trial.padding_efficiency = _throughput(encoder, corpus, trial.mode)
+            trial.tokens_per_s = max(trial.tokens_per_s, speed)
         if repeat == 0 and trials:  # a candidate at under a third of the best cannot win on a repeat: stop timing it
             best = max(t.tokens_per_s for t in trials)
             for trial in trials:
@@ -479,6 +505,7 @@ def _sweep(
     corpus: list[str],
     tried: tuple[int, ...],
     reference: TextEncoder,
+    shape_multiples: tuple[int, ...] = (1,),
 ) -> list[Trial]:
     """Return trials of the finalists at the other budgets, length multiples (where shapes matter to the runtime)
     and stream counts (where the backend was loaded with several).
@@ -488,7 +515,7 @@ def _sweep(
     extra: list[Trial] = []
     for final in finalists:
         encoder = loaded.get(_key(final.mode), reference)
-        multiples = SHAPE_MULTIPLES if getattr(encoder.backend, "shape_sensitive", False) else (1,)
+        multiples = shape_multiples if getattr(encoder.backend, "shape_sensitive", False) else (1,)
         streams = [n for (b, p, n) in loaded if (b, p) == (final.mode.backend, final.mode.precision)] or [1]
         for budget in tried:
             for multiple in multiples:

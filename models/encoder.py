@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from models.backends.base import Backend, BackendRequest, BackendUnavailable
 from models.backends.openvino_int8 import QuantizationFailed
 from models.backends.registry import load_backend
-from models.calibration import Calibration, Mode
+from models.calibration import DEFAULT_PADDING_FLOOR, Calibration, Mode
 from models.pooling import mean_pool, pool
 from models.precision import (
     DEFAULT_FLOAT_FLOOR,
@@ -81,6 +81,7 @@ class EncoderSpec:
     cache_dir: str | None = None  # conversions and calibrations; auto calibrates only when one is given
     float_floor: float = DEFAULT_FLOAT_FLOOR
     int8_floor: float = DEFAULT_INT8_FLOOR
+    padding_floor: float = DEFAULT_PADDING_FLOOR  # auto: no mode whose calibration pads more (when one pads less)
     token_budget: int | None = None  # None: auto's calibrated budget (or the device default)
     calibration_budgets: tuple[int, ...] | None = None  # None: the device's candidate budgets
     recalibrate: bool = False  # ignore a persisted calibration and measure again

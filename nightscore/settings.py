@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         0.999, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for float modes (bf16, fp16, fp32 elsewhere)."
     )
     fidelity_floor_int8: float = Field(0.99, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for int8.")
+    padding_floor: float = Field(
+        0.97,
+        ge=0,
+        le=1,
+        description="auto: min padding efficiency (real / computed token slots) of the chosen mode on the calibration"
+        " corpus; a length multiple that pads more is passed over while a mode pads less. 0: speed alone decides.",
+    )
     calibration_budgets: list[int] | None = Field(
         None, description="Token budgets auto tries. Default 1024/2048/4096 on CPU, 16k-128k on CUDA; token_budget pins one."
     )

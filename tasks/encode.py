@@ -47,6 +47,7 @@ def encoder_spec(settings: Settings) -> EncoderSpec:
         cache_dir=str(settings.engine_cache),
         float_floor=settings.fidelity_floor_float,
         int8_floor=settings.fidelity_floor_int8,
+        padding_floor=settings.padding_floor,
         token_budget=settings.token_budget,
         streams=settings.streams,
         calibration_budgets=tuple(settings.calibration_budgets) if settings.calibration_budgets else None,

@@ -226,6 +226,20 @@ def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_flo
     assert choose([fast_pad, plain, int8, clear_win]) is clear_win  # 20% faster is not noise
 
 
+def test_a_length_multiple_is_tried_only_where_its_rounding_keeps_padding_at_the_floor() -> None:
+    from models.calibration import multiple_padding, shape_multiples
+
+    short = [3, 17, 20, 33, 40, 9]  # rounding to 16 computes 192 slots for 122 tokens
+    assert multiple_padding(short, 16) == pytest.approx(122 / 192)
+    assert multiple_padding(short, 1) == 1.0
+    assert shape_multiples(short, 0.97) == (1,)
+    assert shape_multiples(short, 0.6) == (1, 16)
+    long = [250, 241, 255, 230]  # long texts: rounding to 16 adds under 3%
+    assert multiple_padding(long, 16) == pytest.approx(976 / 1008)
+    assert shape_multiples(long, 0.97) == (1,) and shape_multiples(long, 0.968) == (1, 16)
+    assert shape_multiples([], 0.97) == (1, 16)  # nothing to pad
+
+
 class _Slowed:
     """A real backend that waits after every batch for `factor` times the batch took, plus delay_s: a runtime
     that many times slower than the one it wraps, however loaded the machine is."""
