@@ -2,7 +2,8 @@
 
 fp32 and bf16 share one float IR (bf16 is OpenVINO's inference-precision hint, native on CPUs with
 AVX-512 BF16 or AMX); int8 is the float IR statically quantised by NNCF, the lossiest layer roles kept float
-by measurement (`openvino_int8`), run with the bf16 hint where the CPU has it (the float parts), f32 elsewhere.
+by measurement (`openvino_int8`, searched in a child process: `int8_process`), run with the bf16 hint where the
+CPU has it (the float parts), f32 elsewhere.
 `streams` > 1 compiles that many CPU streams (threads split between them) with one infer request each, so
 that the engine can run that many batches at once (small encoders leave cores idle inside one batch).
 """
@@ -20,7 +21,8 @@ import numpy as np
 import torch
 
 from models.backends.base import BackendRequest, BackendUnavailable, HiddenStates, converted_dir
-from models.backends.openvino_int8 import MARGIN, Inputs, SpeedGate, Validation, quantize_to_target
+from models.backends.int8_process import quantize_isolated
+from models.backends.openvino_int8 import MARGIN, Inputs, Validation
 from models.pooling import pool
 
 log = logging.getLogger(__name__)
@@ -91,8 +93,8 @@ def quantized(request: BackendRequest, float_model: Any) -> tuple[Any, dict[str,
         raise BackendUnavailable("OpenVINO int8 needs calibration and validation texts (none were given)")
     calibration = [{"input_ids": ids.numpy(), "attention_mask": mask.numpy()} for ids, mask in request.sample_batches]
     config = {"INFERENCE_PRECISION_HINT": inference_hint("int8"), "INFERENCE_NUM_THREADS": request.threads}
-    gate = SpeedGate(request.int8_min_speedup, float_model) if request.int8_min_speedup > 0 else None
-    result = quantize_to_target(float_model, calibration, _validation(request), request.int8_floor, config, gate)
+    validation = _validation(request)
+    result = quantize_isolated(float_model, calibration, validation, request.int8_floor, config, request.int8_min_speedup)
     report: dict[str, object] = {
         "float_roles": list(result.float_roles),
         "float_matmuls": list(result.float_matmuls),

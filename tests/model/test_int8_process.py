@@ -1,0 +1,73 @@
+"""The OpenVINO int8 search in a child process: the same result as in-process, refusals by type, a crash contained."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from models.backends.int8_process import Int8SearchCrashed, quantize_isolated, read_result, write_job
+from models.backends.openvino_backend import _validation, convert
+from models.backends.openvino_int8 import MARGIN, Int8NotFaster, QuantizationFailed, Validation, min_cosine
+from models.backends.registry import unavailable_reason
+from models.encoder import EncoderSpec, _request, load_module, load_tokenizer, model_info
+from tests.model.st_models import ARCHS, save_random_model
+
+
+@pytest.fixture(scope="module")
+def search_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict]:
+    """Return (float IR, calibration batches, validation, f32 config on 2 threads) of a random BERT's int8 search."""
+    reason = unavailable_reason("openvino", "int8", torch.device("cpu"))
+    if reason:
+        pytest.skip(f"openvino/int8: {reason}")
+    folder = save_random_model(ARCHS[0], tmp_path_factory.mktemp("int8-process"), seed=5)
+    spec = EncoderSpec(device="cpu", model_path=str(folder))
+    info = model_info(spec)
+    tokenizer = load_tokenizer(info.max_seq_length, str(info.path))
+    request = _request(spec, info, load_module(spec, info), "int8", torch.device("cpu"), 2, tokenizer)
+    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
+    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    return convert(request.module), calibration, _validation(request), config
+
+
+def test_the_child_returns_a_model_that_measures_what_it_reports(search_inputs: tuple) -> None:
+    float_model, calibration, validation, config = search_inputs
+    result = quantize_isolated(float_model, calibration, validation, 0.5, config)
+    assert result.float_matmuls == () and result.quantized_matmuls == result.matmuls > 0  # all int8 at a loose floor
+    assert min_cosine(result.model, validation, config) == pytest.approx(result.min_cosine, abs=1e-6)
+
+
+def test_the_childs_refusals_keep_their_types_and_messages(search_inputs: tuple) -> None:
+    float_model, calibration, validation, config = search_inputs
+    with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+"):
+        quantize_isolated(float_model, calibration, validation, 1.0 - MARGIN, config, min_speedup=100.0)
+    with pytest.raises(QuantizationFailed, match=r"under floor 0\.99999"):
+        quantize_isolated(float_model, calibration, validation, 0.99999, config)
+
+
+def test_a_child_killed_by_a_signal_is_int8_unavailable_naming_the_signal(search_inputs: tuple, tmp_path: Path) -> None:
+    float_model, calibration, validation, config = search_inputs
+    write_job(tmp_path, float_model, calibration, validation, {"floor": 0.5, "config": config, "min_speedup": 0.0})
+    crashed = subprocess.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], check=False)
+    assert crashed.returncode == -signal.SIGSEGV
+    with pytest.raises(Int8SearchCrashed, match="was killed by SIGSEGV and left no result"):
+        read_result(tmp_path, crashed.returncode)
+
+
+def test_a_child_that_fails_outside_the_search_is_int8_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "job.json").write_text("{}")  # no float IR, no batches: the child raises and exits 1
+    with pytest.raises(Int8SearchCrashed, match="exited with status 1 and left no result"):
+        quantize_isolated_from(tmp_path)
+
+
+def quantize_isolated_from(folder: Path) -> None:
+    """Run the child on a folder as it stands and read what it left."""
+    from models.backends.int8_process import _run_child
+
+    read_result(folder, _run_child(folder))
