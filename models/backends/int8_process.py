@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,6 @@ import numpy as np
 
 from models.backends.base import BackendUnavailable
 from models.backends.openvino_int8 import Int8NotFaster, QuantizationFailed, SpeedGate, StaticInt8, Validation
-
-log = logging.getLogger(__name__)
 
 REFUSALS: dict[str, type[BackendUnavailable]] = {
     "QuantizationFailed": QuantizationFailed,
@@ -84,17 +83,8 @@ def read_result(folder: Path, returncode: int) -> StaticInt8:
         raise REFUSALS.get(raised["type"], Int8SearchCrashed)(raised["message"])
     if returncode != 0 or not result.is_file():
         raise Int8SearchCrashed(f"the OpenVINO int8 search {_how_it_ended(returncode)} and left no result")
-    report = json.loads(result.read_text())
-    model = ov.Core().read_model(str(folder / "int8.xml"))
-    return StaticInt8(
-        model,
-        tuple(report["float_roles"]),
-        tuple(report["float_matmuls"]),
-        report["min_cosine"],
-        report["quantized_matmuls"],
-        report["matmuls"],
-        report["seconds"],
-    )
+    report: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(result.read_text()).items()}
+    return StaticInt8(model=ov.Core().read_model(str(folder / "int8.xml")), **report)
 
 
 def _how_it_ended(returncode: int) -> str:
@@ -136,12 +126,5 @@ def main(folder_name: str) -> None:
         (folder / "error.json").write_text(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return
     ov.save_model(result.model, str(folder / "int8.xml"), compress_to_fp16=False)
-    report = {
-        "float_roles": list(result.float_roles),
-        "float_matmuls": list(result.float_matmuls),
-        "min_cosine": result.min_cosine,
-        "quantized_matmuls": result.quantized_matmuls,
-        "matmuls": result.matmuls,
-        "seconds": result.seconds,
-    }
+    report = {f.name: getattr(result, f.name) for f in fields(result) if f.name != "model"}
     (folder / "result.json").write_text(json.dumps(report))

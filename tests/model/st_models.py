@@ -6,14 +6,18 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from models.encoder import model_dir
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
+
+    from models.backends.base import BackendRequest
+    from models.backends.openvino_int8 import Validation
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -93,3 +97,23 @@ def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
     )
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": arch.max_seq_length, "do_lower_case": False}))
     return path
+
+
+def int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
+    """Return the int8 BackendRequest of the model in folder on 2 CPU threads (its calibration and validation batches)."""
+    from models.encoder import EncoderSpec, _request, load_module, load_tokenizer, model_info
+
+    spec = EncoderSpec(device="cpu", model_path=str(folder), int8_floor=floor)
+    info = model_info(spec)
+    module = load_module(spec, info)
+    return _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(info.path)))
+
+
+def int8_search_inputs(folder: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:
+    """Return (float IR, calibration batches, validation, f32 config on 2 threads) of the int8 search on folder's model."""
+    from models.backends.openvino_backend import _validation, convert
+
+    request = int8_request(folder)
+    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
+    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
+    return convert(request.module), calibration, _validation(request), config

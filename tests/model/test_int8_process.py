@@ -13,11 +13,9 @@ import pytest
 import torch
 
 from models.backends.int8_process import Int8SearchCrashed, quantize_isolated, read_result, write_job
-from models.backends.openvino_backend import _validation, convert
 from models.backends.openvino_int8 import MARGIN, Int8NotFaster, QuantizationFailed, Validation, min_cosine
 from models.backends.registry import unavailable_reason
-from models.encoder import EncoderSpec, _request, load_module, load_tokenizer, model_info
-from tests.model.st_models import ARCHS, save_random_model
+from tests.model.st_models import ARCHS, int8_search_inputs, save_random_model
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +24,7 @@ def search_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[d
     reason = unavailable_reason("openvino", "int8", torch.device("cpu"))
     if reason:
         pytest.skip(f"openvino/int8: {reason}")
-    folder = save_random_model(ARCHS[0], tmp_path_factory.mktemp("int8-process"), seed=5)
-    spec = EncoderSpec(device="cpu", model_path=str(folder))
-    info = model_info(spec)
-    tokenizer = load_tokenizer(info.max_seq_length, str(info.path))
-    request = _request(spec, info, load_module(spec, info), "int8", torch.device("cpu"), 2, tokenizer)
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
-    return convert(request.module), calibration, _validation(request), config
+    return int8_search_inputs(save_random_model(ARCHS[0], tmp_path_factory.mktemp("int8-process"), seed=5))
 
 
 def test_the_child_returns_a_model_that_measures_what_it_reports(search_inputs: tuple) -> None:

@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.base import BackendRequest
 from models.backends.openvino_backend import _validation, convert
 from models.backends.openvino_int8 import (
     MARGIN,
     Int8NotFaster,
     QuantizationFailed,
     SpeedGate,
-    Validation,
     matmul_roles,
     min_cosine,
     quantize_to_target,
@@ -32,7 +30,7 @@ from models.encoder import EncoderSpec, _request, load_encoder, load_module, loa
 from models.engine import encode_texts
 from models.precision import FidelityRefused
 from tests.helpers import cos_rows
-from tests.model.st_models import ARCHS, save_random_model
+from tests.model.st_models import ARCHS, int8_request, int8_search_inputs, save_random_model
 
 TEXTS = ["a", "", "ok?", "Hello world", "The striker scored twice in the final.", "goal " * 60, "東京は日本の首都です。"] * 3
 
@@ -48,24 +46,9 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_random_model(ARCHS[0], tmp_path_factory.mktemp("ov-int8"), seed=3)
 
 
-def _int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
-    spec = EncoderSpec(device="cpu", model_path=str(folder), int8_floor=floor)
-    info = model_info(spec)
-    module = load_module(spec, info)
-    return _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(info.path)))
-
-
-def _search_inputs(bert: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:
-    """Return (float IR, calibration batches, validation, f32 config on 2 threads) of the int8 search on bert."""
-    request = _int8_request(bert)
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
-    return convert(request.module), calibration, _validation(request), config
-
-
 def test_matmuls_are_grouped_by_role_across_blocks(bert: Path) -> None:
     _skip_unless("fp32")
-    request = _int8_request(bert)
+    request = int8_request(bert)
     roles = matmul_roles(convert(request.module))
     layers = json.loads((bert / "config.json").read_text())["num_hidden_layers"]
     assert len(roles) >= 6  # query, key, value, attention output, FFN up, FFN down
@@ -76,7 +59,7 @@ def test_matmuls_are_grouped_by_role_across_blocks(bert: Path) -> None:
 
 def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: Path) -> None:
     _skip_unless("int8")
-    float_model, calibration, validation, config = _search_inputs(bert)
+    float_model, calibration, validation, config = int8_search_inputs(bert)
     loose = quantize_to_target(float_model, calibration, validation, 0.5, config)
     assert loose.float_matmuls == () and loose.quantized_matmuls == loose.matmuls  # everything int8 when it is enough
     assert min_cosine(loose.model, validation, config) == pytest.approx(loose.min_cosine, abs=1e-6)
@@ -93,7 +76,7 @@ def test_static_int8_meets_floor_plus_margin_with_the_fewest_float_roles(bert: P
 
 def test_int8_that_cannot_beat_float_is_refused_before_any_search(bert: Path) -> None:
     _skip_unless("int8")
-    float_model, calibration, validation, config = _search_inputs(bert)
+    float_model, calibration, validation, config = int8_search_inputs(bert)
     strict_floor = 1.0 - MARGIN  # would need a long search of float roles
     with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+ \(\d+\.\d\dx, under the 100x"):
         quantize_to_target(float_model, calibration, validation, strict_floor, config, SpeedGate(100.0, float_model))
@@ -103,11 +86,11 @@ def test_int8_that_cannot_beat_float_is_refused_before_any_search(bert: Path) ->
 
 def test_the_timing_batch_is_planned_size_and_models_are_timed_alike(bert: Path) -> None:
     _skip_unless("fp32")
-    validation = _validation(_int8_request(bert))
+    validation = _validation(int8_request(bert))
     batch = timing_batch(validation, 8, 16)
     assert batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
     assert batch["input_ids"][0, 0] == validation.batches[0]["input_ids"][0, 0]
-    model = convert(_int8_request(bert).module)
+    model = convert(int8_request(bert).module)
     speeds = tokens_per_s([model, model], batch, {"INFERENCE_NUM_THREADS": 1}, 3)
     assert len(speeds) == 2 and all(speed > 0 for speed in speeds)
     assert 0.2 < speeds[0] / speeds[1] < 5  # one model twice: the same speed within machine noise
