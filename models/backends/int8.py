@@ -5,14 +5,28 @@ Per-tensor activation scales (torch's dynamic quantisation) lose too much on sma
 are worst), and with SmoothQuant-style smoothing (alpha 0.5: per-input-channel factors from activation
 maxima measured on the built-in calibration corpus, moved from the activations into the weights) 0.995.
 `Int8Linear` computes with torch._int_mm (torch backend, CPU); OpenVINO's int8 is static (openvino_int8).
+
+Where the CPU has no int8 GEMM kernel for torch (no VNNI: `_int_mm` fell back to 2.5 GOP/s on a 2-core AVX2 EPYC
+against 63 GOP/s for fp32), the same integer products are summed by an fp32 GEMM instead. Every product of two
+int8 values is exact in float32, and so is their sum while it stays under 2**24 (a 1,536-wide row of values all
+near 127 could pass it and then round by one unit in ~10**7), so the vectors are int8's at fp32's speed: no faster
+than fp32, which is why `auto` leaves that mode out. Which kernel runs is measured once per process and thread
+count (`gemm_kernel`), not read from CPU flags.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+GemmKernel = Literal["int_mm", "fp32"]
+_PROBE_SHAPE = (128, 384, 1536)  # rows x in x out: an FFN up-projection of a small encoder on one short batch
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,11 +68,58 @@ def activation_maxima(model: torch.nn.Module, batches: list[tuple[torch.Tensor, 
     return maxima
 
 
-class Int8Linear(torch.nn.Module):
-    """A Linear computed as int8 x int8 -> int32 with one activation scale per row (after smoothing)."""
+def _best_seconds(run: Callable[[], object], repeats: int = 3) -> float:
+    """Return the fastest of repeats timed calls of run, after one untimed call."""
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
 
-    def __init__(self, linear: torch.nn.Linear, input_max: torch.Tensor | None = None) -> None:
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The int8 GEMM kernel chosen here, and the two GEMMs' measured rates (GOP/s) it was chosen by."""
+
+    kernel: GemmKernel
+    int_mm_gops: float
+    fp32_gops: float
+
+    def describe(self) -> str:
+        """Return the measured rates and the choice, for logs and refusals."""
+        return f"torch._int_mm {self.int_mm_gops:.1f} GOP/s against {self.fp32_gops:.1f} for an fp32 GEMM: {self.kernel} kernel"
+
+
+@functools.cache
+def gemm_kernel(threads: int) -> KernelChoice:
+    """Return "int_mm" where torch._int_mm outruns an fp32 GEMM of the same shape on this CPU, else "fp32"."""
+    rows, inner, out = _PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (rows, inner), dtype=torch.int8, generator=generator)
+    b = torch.randint(-127, 128, (inner, out), dtype=torch.int8, generator=generator)
+    a_float, b_float = a.float(), b.float()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        int_mm = _best_seconds(lambda: torch._int_mm(a, b))
+        fp32 = _best_seconds(lambda: torch.mm(a_float, b_float))
+    finally:
+        torch.set_num_threads(previous)
+    operations = 2 * rows * inner * out / 1e9
+    return KernelChoice("int_mm" if int_mm < fp32 else "fp32", operations / int_mm, operations / fp32)
+
+
+class Int8Linear(torch.nn.Module):
+    """A Linear computed as int8 x int8 -> int32 with one activation scale per row (after smoothing).
+
+    kernel: "int_mm" multiplies in int8; "fp32" sums the same integer products in float32 (exact: see the module).
+    """
+
+    def __init__(self, linear: torch.nn.Linear, input_max: torch.Tensor | None, kernel: GemmKernel) -> None:
         super().__init__()
+        self.kernel = kernel
         weight = linear.weight.detach().float()
         if input_max is not None:
             factors = smoothing_factors(weight, input_max)
@@ -67,7 +128,8 @@ class Int8Linear(torch.nn.Module):
         else:
             self.inv_smooth = None
         q, scale = quantize_weight(weight)
-        self.register_buffer("qweight_t", q.t().contiguous())  # [in, out]: _int_mm's right operand
+        weight_t = q.t().contiguous()  # [in, out]: the GEMM's right operand
+        self.register_buffer("qweight_t", weight_t if self.kernel == "int_mm" else weight_t.float())
         self.register_buffer("wscale", scale)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(), requires_grad=False)
 
@@ -77,28 +139,34 @@ class Int8Linear(torch.nn.Module):
         if self.inv_smooth is not None:
             rows = rows * self.inv_smooth
         scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        q = torch.round(rows / scale).to(torch.int8)
-        if q.shape[0] <= 16:  # _int_mm wants more than 16 rows; pad and drop the extra rows
-            q = torch.nn.functional.pad(q, (0, 0, 0, 17 - q.shape[0]))
+        q = torch.round(rows / scale)
         # int32 x float scale in one kernel (no separate int -> float copy), then in place: the elementwise
         # passes over the [rows, out] result cost more than the int8 matmul itself otherwise.
-        out = torch.mul(torch._int_mm(q, self.get_buffer("qweight_t"))[: rows.shape[0]], scale).mul_(self.get_buffer("wscale"))
+        out = torch.mul(self._integer_product(q), scale).mul_(self.get_buffer("wscale"))
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
+    def _integer_product(self, q: torch.Tensor) -> torch.Tensor:
+        """Return q @ qweight_t for integer-valued q [rows, in]: int32 from _int_mm, or float32 (exact) from an fp32 GEMM."""
+        if self.kernel == "fp32":
+            return torch.mm(q, self.get_buffer("qweight_t"))
+        rows = q.shape[0]
+        q8 = q.to(torch.int8)
+        if rows <= 16:  # _int_mm wants more than 16 rows; pad and drop the extra rows
+            q8 = torch.nn.functional.pad(q8, (0, 0, 0, 17 - rows))
+        return torch._int_mm(q8, self.get_buffer("qweight_t"))[:rows]
 
-def quantized_copy(
-    model: torch.nn.Module, layer: type[torch.nn.Module], maxima: dict[str, torch.Tensor] | None = None
-) -> torch.nn.Module:
-    """Return a copy of model with every Linear (embeddings stay float) replaced by `layer`.
 
-    ``maxima`` (from `activation_maxima`, keyed by module name) turns smoothing on for Int8Linear.
+def quantized_copy(model: torch.nn.Module, kernel: GemmKernel, maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """Return a copy of model with every Linear (embeddings stay float) replaced by an Int8Linear on kernel.
+
+    ``maxima`` (from `activation_maxima`, keyed by module name) turns smoothing on.
     """
     twin = copy.deepcopy(model)
     for parent_name, parent in list(twin.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 full = f"{parent_name}.{name}" if parent_name else name
-                setattr(parent, name, layer(child, maxima[full]) if maxima else layer(child))
+                setattr(parent, name, Int8Linear(child, maxima[full] if maxima else None, kernel))
     return twin.eval()

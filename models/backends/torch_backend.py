@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import torch
 
 from models.backends.base import BackendRequest, BackendUnavailable
-from models.backends.int8 import Int8Linear, activation_maxima, quantized_copy
+from models.backends.int8 import activation_maxima, gemm_kernel, quantized_copy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+
+log = logging.getLogger(__name__)
 
 
 def unavailable_reason(precision: str, device: torch.device) -> str | None:
@@ -25,6 +28,19 @@ def unavailable_reason(precision: str, device: torch.device) -> str | None:
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this CUDA device has no bf16"
     return None
+
+
+def _int8_model(request: BackendRequest) -> torch.nn.Module:
+    """Return the int8 copy of the request's model; refuse where it cannot beat fp32 and auto asks it to.
+
+    Without an int8 GEMM kernel the products are summed in fp32 (int8's vectors at fp32's speed, never faster).
+    """
+    choice = gemm_kernel(request.threads)
+    log.info("torch int8: %s", choice.describe())
+    if choice.kernel == "fp32" and request.int8_min_speedup > 0:
+        raise BackendUnavailable(f"torch int8 cannot beat fp32 here: {choice.describe()}")
+    maxima = activation_maxima(request.module, list(request.sample_batches)) if request.sample_batches else None
+    return quantized_copy(request.module, choice.kernel, maxima)
 
 
 class TorchBackend:
@@ -42,8 +58,7 @@ class TorchBackend:
         self.length_multiple = 1
         self.streams = 1  # torch's intra-op threads already share one batch
         if request.precision == "int8":
-            maxima = activation_maxima(request.module, list(request.sample_batches)) if request.sample_batches else None
-            model = quantized_copy(request.module, Int8Linear, maxima)
+            model = _int8_model(request)
         elif request.precision == "fp32":
             model = request.module
         else:
