@@ -284,17 +284,9 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
         ProgressBarsConfig,
     )
 
-    sites = (
-        {}
-        if docs_dir is None
-        else {
-            DOCS_SITE: {
-                "class_name": "SiteBuilder",
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-            }
-        }
-    )
+    from data_contracts.docs_views import site_config
+
+    sites = {} if docs_dir is None else {DOCS_SITE: site_config(str(docs_dir))}
     config = DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
         data_docs_sites=sites,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import date
 from pathlib import Path
 from typing import Any, cast
@@ -237,3 +238,28 @@ def test_data_docs_index_is_written(frames: dict[str, pl.DataFrame], tmp_path: P
     assert {page.parent.parent.parent.name for page in pages} == {"full", "summary", "topic_shares"}
     assert not [r for r in caplog.records if r.name.startswith("great_expectations")], caplog.text
     assert validate_dataset("items", frames["items"], None, PARAMS).docs_path is None
+
+
+def test_data_docs_templates_are_compiled_once_per_process_into_the_same_pages(
+    frames: dict[str, pl.DataFrame], tmp_path: Path
+) -> None:
+    from data_contracts.docs_views import TEMPLATES
+
+    def build(folder: str) -> dict[str, str]:
+        validate_dataset("item_scores", frames["item_scores"], None, PARAMS, docs_dir=str(tmp_path / folder))
+        site = tmp_path / folder
+        pages = site.rglob("*.html")
+        return {_without_stamps(str(p.relative_to(site))): _without_stamps(p.read_text(encoding="utf-8")) for p in pages}
+
+    first = build("a")
+    compiled = len(TEMPLATES)
+    assert compiled > 10  # GX's page and index templates, each compiled once
+    second = build("b")
+    assert len(TEMPLATES) == compiled  # the second build compiled nothing: every template came from the cache
+    assert second == first and any("item_scores.full" in page for page in first.values())
+
+
+def _without_stamps(html: str) -> str:
+    """Return a Data Docs page without what differs between two builds (run times, element ids, cache busters)."""
+    html = re.sub(r"\d{8}T\d{6}\.\d+Z|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(\+00:00|Z)?|\b\d{10}\.\d+", "<time>", html)
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}", "<id>", html)
