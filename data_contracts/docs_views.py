@@ -45,20 +45,22 @@ class MemoryBytecodeCache(jinja2.BytecodeCache):
 TEMPLATES = MemoryBytecodeCache()
 
 
-class CompiledOncePageView(DefaultJinjaPageView):
+class _CompiledOnce:
+    """Gives a GX view the process-wide template bytecode cache (mixed in before the GX view class)."""
+
+    env: jinja2.Environment
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.env.bytecode_cache = TEMPLATES
+
+
+class CompiledOncePageView(_CompiledOnce, DefaultJinjaPageView):
     """GX's page view with the process-wide template bytecode cache."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.env.bytecode_cache = TEMPLATES
 
-
-class CompiledOnceIndexPageView(DefaultJinjaIndexPageView):
+class CompiledOnceIndexPageView(_CompiledOnce, DefaultJinjaIndexPageView):
     """GX's index page view with the process-wide template bytecode cache."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.env.bytecode_cache = TEMPLATES
 
 
 def site_config(base_directory: str) -> dict[str, Any]:
