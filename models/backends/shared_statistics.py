@@ -12,14 +12,20 @@ Either way a trial's model equals what a fresh NNCF pipeline makes of the smooth
 
 NNCF keys statistics by the instance of the algorithm that asked for them (`_algorithm_key`), so a trial's
 algorithms take the keys of the ones the statistics were collected for.
+
+Each trial also asks NNCF for the model's insertion-point graph with the hardware's fused patterns merged. That
+depends on the model's graph and the patterns, never on what the trial keeps float, and finding the patterns
+(subgraph isomorphism over the whole graph) was about a third of each trial on MiniLM: it is built once per
+graph and copied for every trial after (`MergedGraphs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,7 @@ class SharedStatistics:
             graph = build_graph(smoothed)
         self._smoothed, self._graph = smoothed, graph
         self._keys = [algorithm._algorithm_key for algorithm in base.pipeline_steps[self._last]]
+        self.merged = MergedGraphs()
         self._statistics = self._collect(base.get_statistic_points_for_step(self._last, smoothed, graph), smoothed, graph)
         self.collections = 1  # how many times the last step's statistics were collected (tests read it)
 
@@ -71,12 +78,13 @@ class SharedStatistics:
 
         pipeline = self.pipeline(ignored)
         algorithms = pipeline.pipeline_steps[self._last]
-        needed = pipeline.get_statistic_points_for_step(self._last, self._smoothed, self._graph)
+        with self.merged.reused():
+            needed = pipeline.get_statistic_points_for_step(self._last, self._smoothed, self._graph)
         statistics = self._covering(needed, [algorithm._algorithm_key for algorithm in algorithms])
         if statistics is self._statistics:
             for algorithm, key in zip(algorithms, self._keys, strict=True):
                 algorithm._algorithm_key = key
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), self.merged.reused():
             quantized = pipeline.run_step(self._last, statistics, self._smoothed.clone(), self._graph)
         compress_quantize_weights_transformation(quantized)  # what nncf.quantize does last: int8 weight constants
         return quantized
@@ -115,6 +123,44 @@ class SharedStatistics:
 
         with contextlib.redirect_stdout(io.StringIO()):
             return collect_statistics(container, model, graph, self._dataset)
+
+
+class MergedGraphs:
+    """NNCF's insertion-point graphs with fused patterns merged, built once per (graph, patterns) and copied after."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[Any, ...], Any] = {}
+        self.built = 0  # how many were built rather than copied (tests read it)
+
+    @contextlib.contextmanager
+    def reused(self) -> Iterator[None]:
+        """Within it, InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations answers from this store."""
+        from nncf.common.insertion_point_graph import InsertionPointGraph
+
+        original = InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations
+
+        def merged(graph: Any, pattern: Any) -> Any:
+            key = _fingerprint(graph, pattern)
+            if key not in self._built:
+                self._built[key] = original(graph, pattern)
+                self.built += 1
+            return copy.deepcopy(self._built[key])
+
+        InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = merged  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = original  # type: ignore[method-assign]
+
+
+def _fingerprint(graph: Any, pattern: Any) -> tuple[Any, ...]:
+    """Return what a merged insertion-point graph depends on: its nodes and edges, the operations under them (name,
+    type and metatype: what the patterns match) and the fused patterns' graph."""
+    base = graph.get_base_nx_graph()
+    operations = frozenset((key, str(attrs.get("metatype"))) for key, attrs in base.nodes(data=True))
+    nodes = frozenset((key, str(attrs.get("regular_node_data", ""))) for key, attrs in graph.nodes(data=True))
+    patterns = frozenset(map(str, pattern.graph.nodes(data=True))), frozenset(pattern.graph.edges)
+    return operations, frozenset(base.edges), nodes, frozenset(graph.edges), patterns
 
 
 def _points(container: Any) -> list[tuple[str, Any, Any]]:

@@ -98,3 +98,4 @@ def test_every_trial_equals_a_fresh_pipeline_and_shared_points_are_collected_onc
             assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)), ignored
     assert shared.collections == 2, caplog.text  # the split needed more points once; the other trials reused them
     assert "needs statistics at" in caplog.text
+    assert shared.merged.built == 1  # the fused-pattern graph was found once for the four trials (and copied)
