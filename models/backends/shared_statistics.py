@@ -146,11 +146,11 @@ class MergedGraphs:
                 self.built += 1
             return copy.deepcopy(self._built[key])
 
-        InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = merged  # type: ignore[method-assign]
+        InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = merged
         try:
             yield
         finally:
-            InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = original  # type: ignore[method-assign]
+            InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = original
 
 
 def _fingerprint(graph: Any, pattern: Any) -> tuple[Any, ...]:
