@@ -1,5 +1,6 @@
 """Flow tier, real processes and real signals: SIGKILL/SIGTERM mid-run, resume, incremental re-runs.
 
+The uninterrupted reference run is made once; the re-run test starts from a copy of its home.
 Every run is the `nightscore` console script in its own process, against one Prefect server this
 module starts on loopback (an ephemeral server per process would cost ~10 s each). The tiny encoder
 keeps runs short; shards of 40 rows give several checkpoints to kill between.
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -93,12 +96,35 @@ def outputs(home: Path) -> dict[str, object]:
     return {"scores": scores, "candidates": cands, "cache": lists}
 
 
+@dataclass(frozen=True)
+class Reference:
+    """One uninterrupted run: its home, a copy of that home as the run left it, its log and its outputs."""
+
+    home: Path
+    copy: Path
+    log: str
+    outputs: dict[str, object]
+
+    def restored(self) -> Path:
+        """Return the run's home as the run left it (copied back into the same folder: its records name it)."""
+        shutil.rmtree(self.home, ignore_errors=True)
+        shutil.copytree(self.copy, self.home)
+        return self.home
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_api: str) -> dict[str, object]:
-    """Return the outputs of one uninterrupted run."""
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_api: str) -> Reference:
+    """Return one uninterrupted run of the inputs in a fresh home."""
     home = tmp_path_factory.mktemp("ref") / "home"
-    run_to_end(home, inputs, prefect_api)
-    return outputs(home)
+    log = run_to_end(home, inputs, prefect_api)
+    shutil.copytree(home, home.with_name("copy"))
+    return Reference(home, home.with_name("copy"), log, outputs(home))
+
+
+@pytest.fixture(scope="module")
+def reference(uninterrupted: Reference) -> dict[str, object]:
+    """Return the outputs of one uninterrupted run."""
+    return uninterrupted.outputs
 
 
 @pytest.mark.parametrize("point", ["ingest", "shard:2", "publish"])
@@ -145,9 +171,11 @@ def summary_counts(log: str) -> tuple[int, int]:
     return int(found[-1][0]), int(found[-1][1])
 
 
-def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(tmp_path: Path, inputs: Path, prefect_api: str) -> None:
-    home = tmp_path / "home"
-    assert summary_counts(run_to_end(home, inputs, prefect_api)) == (300, 0)
+def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(
+    tmp_path: Path, inputs: Path, prefect_api: str, uninterrupted: Reference
+) -> None:
+    assert summary_counts(uninterrupted.log) == (300, 0)  # the first run of a fresh home encodes every text
+    home = uninterrupted.restored()
     first = outputs(home)
     assert summary_counts(run_to_end(home, inputs, prefect_api)) == (0, 300)
     assert outputs(home) == first  # reused vectors give exactly the same scores

@@ -6,6 +6,7 @@ Backends that cannot run on this machine skip with the reason the engine gives.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +17,7 @@ import torch
 
 from models.backends.registry import BACKENDS, unavailable_reason
 from models.calibration import TIE
-from models.encoder import EncoderSpec, embedding_dim, get_encoder, load_encoder, model_info, spec_version
+from models.encoder import EncoderSpec, TextEncoder, embedding_dim, get_encoder, load_encoder, model_info, spec_version
 from models.engine import encode_texts
 from models.precision import FidelityRefused
 from models.st_layout import read_model_info
@@ -133,11 +134,25 @@ def test_a_pinned_mode_under_its_floor_is_refused_naming_floor_and_cosine(folder
         load_encoder(spec)
 
 
-def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Path], tmp_path: Path) -> None:
-    spec = EncoderSpec(
-        device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path), calibration_budgets=(256, 1024)
-    )
-    first = load_encoder(spec)
+@pytest.fixture(scope="module")
+def calibrated_bert(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[EncoderSpec, TextEncoder]:
+    """Return the BERT's auto spec (budgets 256 and 1024) and the encoder its one calibration, in a fresh cache, chose."""
+    cache = tmp_path_factory.mktemp("bert-calibration")
+    spec = EncoderSpec(device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(cache), calibration_budgets=(256, 1024))
+    return spec, load_encoder(spec)
+
+
+@pytest.fixture
+def bert_cache(calibrated_bert: tuple[EncoderSpec, TextEncoder], tmp_path: Path) -> tuple[EncoderSpec, TextEncoder]:
+    """Return calibrated_bert with its spec pointing at a copy of the calibrated cache (tests may write to theirs)."""
+    spec, encoder = calibrated_bert
+    shutil.copytree(str(spec.cache_dir), tmp_path / "cache")
+    return replace(spec, cache_dir=str(tmp_path / "cache")), encoder
+
+
+def test_auto_calibrates_once_and_persists_per_device_kind(bert_cache: tuple[EncoderSpec, TextEncoder]) -> None:
+    spec, first = bert_cache
+    cache = Path(str(spec.cache_dir))
     record = first.mode_record()
     assert record["calibration_from_cache"] is False
     assert first.fidelity.min >= (spec.int8_floor if first.backend.precision == "int8" else spec.float_floor)
@@ -149,7 +164,7 @@ def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Pa
     assert chosen and chosen[0]["tokens_per_s"] >= fastest * (1 - TIE)  # the fastest, or tied with it (within TIE)
     assert all(0 < row["padding_efficiency"] <= 1 for row in table)
     assert not [row for row in table if "/x" in row["mode"]]  # rounding to 16 pads the log-uniform corpus under 0.97
-    files = list((tmp_path / "calibration").glob("*/*.json"))
+    files = list((cache / "calibration").glob("*/*.json"))
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
     assert stored["mode"]["backend"] == first.backend.name and stored["key"]["model"] == model_info(spec).version
@@ -162,8 +177,8 @@ def test_auto_calibrates_once_and_persists_per_device_kind(folders: dict[str, Pa
     stricter = load_encoder(
         EncoderSpec(
             device="cpu",
-            model_path=str(folders["bert-mean"]),
-            cache_dir=str(tmp_path),
+            model_path=spec.model_path,
+            cache_dir=str(cache),
             calibration_budgets=(256, 1024),
             int8_floor=0.9999999,
         )
@@ -230,13 +245,10 @@ def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_p
         read_model_info(path)
 
 
-def test_resolve_spec_pins_autos_choice_for_shard_workers(folders: dict[str, Path], tmp_path: Path) -> None:
+def test_resolve_spec_pins_autos_choice_for_shard_workers(bert_cache: tuple[EncoderSpec, TextEncoder], tmp_path: Path) -> None:
     from models.encoder import resolve_spec
 
-    spec = EncoderSpec(
-        device="cpu", model_path=str(folders["bert-mean"]), cache_dir=str(tmp_path), calibration_budgets=(256, 1024)
-    )
-    chosen = load_encoder(spec)
+    spec, chosen = bert_cache
     pinned = resolve_spec(spec)
     assert (pinned.backend, pinned.precision, pinned.token_budget, pinned.length_multiple) == (
         chosen.backend.name,
