@@ -88,7 +88,7 @@ step encoder_tests "grep -E '[0-9]+ (passed|failed)' '$out/encoder_tests.log' | 
   "$PY" -m pytest -q -p no:cacheprovider -W ignore -rs tests/model/test_device_fidelity.py
 
 # 3. the inference benchmark: engine (auto) vs sentence-transformers in the same precision, its batch size raised
-#    until it stops getting faster; naive; the packed ceiling; achieved FLOP/s vs the dense GEMM yardstick.
+#    until it stops getting faster; naive; the no-padding whole-text ceiling; achieved FLOP/s vs the dense GEMM yardstick.
 bench_args=(--device "$device" --n "$bench_n" --repeats "$repeats" --st-batch-sizes "$st_batches"
             --modes naive,sentence_transformers,st_torch_bf16,engine,ceiling --json "$out/inference.json" "${model_args[@]}")
 [[ -n "$budgets" ]] && bench_args+=(--calibration-budgets "$budgets")
