@@ -47,10 +47,10 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
 if (( dry )); then
-  device=cpu; bench_n=200; repeats=1; nightly_items=300; nightly_users=60; ray_items=200
+  device=cpu; bench_n=200; warmup=200; repeats=1; nightly_items=300; nightly_users=60; ray_items=200
   st_batches="16,32,64"; budgets="512,2048"; model_args=()
 else
-  device=cuda; bench_n=50000; repeats=3; nightly_items=100000; nightly_users=20000; ray_items=2000
+  device=cuda; bench_n=50000; warmup=5000; repeats=3; nightly_items=100000; nightly_users=20000; ray_items=2000
   st_batches="32,64,128,256,512,1024"; budgets=""; model_args=(--model-dir .gpu/model --texts .gpu/texts.parquet)
 fi
 export NIGHTSCORE_DEVICE="$device"
@@ -89,7 +89,7 @@ step encoder_tests "grep -E '[0-9]+ (passed|failed)' '$out/encoder_tests.log' | 
 
 # 3. the inference benchmark: engine (auto) vs sentence-transformers in the same precision, its batch size raised
 #    until it stops getting faster; naive; the no-padding whole-text ceiling; achieved FLOP/s vs the dense GEMM yardstick.
-bench_args=(--device "$device" --n "$bench_n" --repeats "$repeats" --st-batch-sizes "$st_batches"
+bench_args=(--device "$device" --n "$bench_n" --warmup "$warmup" --repeats "$repeats" --st-batch-sizes "$st_batches"
             --modes naive,sentence_transformers,st_torch_bf16,engine,ceiling --json "$out/inference.json" "${model_args[@]}")
 [[ -n "$budgets" ]] && bench_args+=(--calibration-budgets "$budgets")
 step inference "grep -E 'engine\\(auto\\)|dense|auto chose' '$out/inference.log'" -- "$PY" benchmarks/inference.py "${bench_args[@]}"
