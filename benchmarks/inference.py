@@ -220,7 +220,7 @@ def seconds_per_token(encoder: TextEncoder, stream: list[int], length: int) -> f
     per_batch = max(encoder.token_budget // length, 1)
     count = max(2 * encoder.backend.streams, -(-CEILING_TOKENS // (per_batch * length)))
     span = max(len(stream) - length + 1, 1)
-    rows = [stream[(i * length) % span :][:length] for i in range(per_batch * count)]
+    rows = [stream[start : start + length] for start in ((i * length) % span for i in range(per_batch * count))]
     batches = [np.arange(b * per_batch, (b + 1) * per_batch) for b in range(count)]
     run_batches(encoder, rows, batches[: encoder.backend.streams])  # the shape's first run compiles/plans it
     _sync(encoder.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import zlib
 from datetime import UTC
 from pathlib import Path
@@ -36,6 +37,13 @@ def nightly_command(cli: str | Path, inputs: Path, run_date: str, home: Path, it
         "--home",
         str(home),
     ]
+
+
+def restore_tree(snapshot: Path, home: Path) -> Path:
+    """Return home after replacing it with a copy of snapshot (the same folder: a run's records name it)."""
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(snapshot, home)
+    return home
 
 
 def cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

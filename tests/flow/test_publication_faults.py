@@ -26,7 +26,7 @@ from nightscore.errors import WarehouseMissing
 from nightscore.settings import load_settings
 from storage.resources import cache_for, lake_for, warehouse_for
 from tasks.results import Published
-from tests.helpers import demo_inputs
+from tests.helpers import demo_inputs, restore_tree
 
 DAYS = ("2026-11-28", "2026-11-29", "2026-11-30")
 
@@ -110,8 +110,7 @@ class Histories:
             shutil.copytree(self.home, self.home.with_name(setup))
             self.copies[setup] = (self.home.with_name(setup), made)
         copy, made = self.copies[setup]
-        shutil.rmtree(self.home, ignore_errors=True)
-        shutil.copytree(copy, self.home)
+        restore_tree(copy, self.home)
         return made
 
 

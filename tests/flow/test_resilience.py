@@ -25,7 +25,7 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import UNGATED, demo_inputs, nightly_command
+from tests.helpers import UNGATED, demo_inputs, nightly_command, restore_tree
 from tests.servers import wait_for
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -107,9 +107,7 @@ class Reference:
 
     def restored(self) -> Path:
         """Return the run's home as the run left it (copied back into the same folder: its records name it)."""
-        shutil.rmtree(self.home, ignore_errors=True)
-        shutil.copytree(self.copy, self.home)
-        return self.home
+        return restore_tree(self.copy, self.home)
 
 
 @pytest.fixture(scope="module")
