@@ -46,6 +46,7 @@ STREAM_COUNTS = (2, 4)  # tried for the finalists of a multi-stream backend (nev
 REPEATS = 2
 FINALISTS = 2
 SCREEN = 3  # a candidate under a third of the fastest on one batch cannot win on the corpus: dropped unmeasured
+KEEP = 0.75  # after one corpus pass, a trial under 3/4 of the best is not timed again (a pass swings ~15% at most)
 DEFAULT_PADDING_FLOOR = 0.97  # a length multiple whose rounding alone pads under this is not tried
 TIE = 0.05  # trials within 5% of the fastest are a tie on a shared machine (repeated passes swing more than that)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
@@ -492,11 +493,11 @@ def _time_trials(
             encoder = loaded.get(_key(trial.mode), reference)
             speed, trial.padding_efficiency = _throughput(encoder, corpus, trial.mode)
             trial.tokens_per_s = max(trial.tokens_per_s, speed)
-        if repeat == 0 and trials:  # a candidate at under a third of the best cannot win on a repeat: stop timing it
+        if repeat == 0 and trials:  # a trial far behind after one pass cannot win on a repeat: stop timing it
             best = max(t.tokens_per_s for t in trials)
             for trial in trials:
-                if trial.tokens_per_s < best / SCREEN and not trial.note:
-                    trial.note = f"dropped after one pass (under 1/{SCREEN} of the best)"
+                if trial.tokens_per_s < best * KEEP and not trial.note:
+                    trial.note = f"dropped after one pass (under {KEEP:g} of the best)"
 
 
 def _sweep(

@@ -342,6 +342,7 @@ def _request(
         validation_batches=_sample_batches(tokenizer, info, seed=1, tokens=3000) if int8 and tokenizer else (),
         int8_floor=spec.int8_floor,
         int8_min_speedup=INT8_MIN_SPEEDUP if int8 and spec.precision == "auto" else 0.0,
+        refuse_slow_kernels=spec.precision == "auto",
         streams=streams,
     )
 

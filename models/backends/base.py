@@ -34,6 +34,8 @@ class BackendRequest:
     int8_floor: float = 0.99
     # over 0 (auto's calibration): int8 that cannot beat float by this tokens/s ratio is refused before any search
     int8_min_speedup: float = 0.0
+    # auto's calibration: a float precision whose kernels measure far slower than fp32 here is refused unloaded
+    refuse_slow_kernels: bool = False
     streams: int = 1  # batches run at once (a backend that cannot keeps 1)
 
 

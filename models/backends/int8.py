@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 GemmKernel = Literal["int_mm", "fp32"]
-_PROBE_SHAPE = (128, 384, 1536)  # rows x in x out: an FFN up-projection of a small encoder on one short batch
+PROBE_SHAPE = (128, 384, 1536)  # rows x in x out: an FFN up-projection of a small encoder on one short batch
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +68,7 @@ def activation_maxima(model: torch.nn.Module, batches: list[tuple[torch.Tensor, 
     return maxima
 
 
-def _best_seconds(run: Callable[[], object], repeats: int = 3) -> float:
+def best_seconds(run: Callable[[], object], repeats: int = 3) -> float:
     """Return the fastest of repeats timed calls of run, after one untimed call."""
     run()
     times = []
@@ -95,7 +95,7 @@ class KernelChoice:
 @functools.cache
 def gemm_kernel(threads: int) -> KernelChoice:
     """Return "int_mm" where torch._int_mm outruns an fp32 GEMM of the same shape on this CPU, else "fp32"."""
-    rows, inner, out = _PROBE_SHAPE
+    rows, inner, out = PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (rows, inner), dtype=torch.int8, generator=generator)
     b = torch.randint(-127, 128, (inner, out), dtype=torch.int8, generator=generator)
@@ -103,8 +103,8 @@ def gemm_kernel(threads: int) -> KernelChoice:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        int_mm = _best_seconds(lambda: torch._int_mm(a, b))
-        fp32 = _best_seconds(lambda: torch.mm(a_float, b_float))
+        int_mm = best_seconds(lambda: torch._int_mm(a, b))
+        fp32 = best_seconds(lambda: torch.mm(a_float, b_float))
     finally:
         torch.set_num_threads(previous)
     operations = 2 * rows * inner * out / 1e9

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 
 import numpy as np
 import torch
 
 from models.backends.base import BackendRequest, BackendUnavailable
-from models.backends.int8 import activation_maxima, gemm_kernel, quantized_copy
+from models.backends.int8 import PROBE_SHAPE, activation_maxima, best_seconds, gemm_kernel, quantized_copy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+# auto refuses CPU bf16 whose Linear runs under this fraction of fp32's rate: GEMMs are most of an encoder's work,
+# so such a model cannot beat fp32 (emulated bf16 on an AVX2-only EPYC: 0.15-0.29; native AVX-512 bf16: about 2)
+BF16_MIN_GEMM_RATIO = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,36 @@ def _int8_model(request: BackendRequest) -> torch.nn.Module:
     return quantized_copy(request.module, choice.kernel, maxima)
 
 
+@functools.cache
+def bf16_gemm_ratio(threads: int) -> float:
+    """Return a bf16 Linear's rate over an fp32 Linear's on the FFN probe shape on this CPU (under 1: slower)."""
+    rows, inner, out = PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    x, linear = torch.randn(rows, inner, generator=generator), torch.nn.Linear(inner, out)
+    x_bf16, linear_bf16 = x.bfloat16(), copy.deepcopy(linear).bfloat16()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            fp32 = best_seconds(lambda: linear(x))
+            bf16 = best_seconds(lambda: linear_bf16(x_bf16))
+    finally:
+        torch.set_num_threads(previous)
+    return fp32 / bf16
+
+
+def _refuse_slow_bf16(request: BackendRequest) -> None:
+    """Raise BackendUnavailable when auto asks for CPU bf16 and its Linear runs under BF16_MIN_GEMM_RATIO of fp32's."""
+    if not request.refuse_slow_kernels or request.precision != "bf16" or request.device.type != "cpu":
+        return
+    ratio = bf16_gemm_ratio(request.threads)
+    if ratio < BF16_MIN_GEMM_RATIO:
+        raise BackendUnavailable(
+            f"torch bf16 cannot beat fp32 here: a bf16 Linear ran at {ratio:.2f}x fp32's rate "
+            f"(under {BF16_MIN_GEMM_RATIO:g}x: bf16 is emulated on this CPU)"
+        )
+
+
 class TorchBackend:
     """A transformers model run by torch eagerly in one precision."""
 
@@ -53,6 +87,7 @@ class TorchBackend:
         reason = unavailable_reason(request.precision, request.device)
         if reason:
             raise BackendUnavailable(reason)
+        _refuse_slow_bf16(request)
         self.precision = request.precision
         self.device = request.device
         self.length_multiple = 1

@@ -18,12 +18,14 @@ from models.backends.openvino_int8 import (
     Int8NotFaster,
     QuantizationFailed,
     SpeedGate,
+    check_speed,
     matmul_roles,
     min_cosine,
     quantize_to_target,
     timing_batch,
     tokens_per_s,
 )
+from models.backends.openvino_int8_probe import largest_matmul, matmul_speedup, probe_model
 from models.backends.registry import unavailable_reason
 from models.calibration import stream_counts
 from models.encoder import EncoderSpec, _request, load_encoder, load_module, load_tokenizer, model_info
@@ -78,10 +80,33 @@ def test_int8_that_cannot_beat_float_is_refused_before_any_search(bert: Path) ->
     _skip_unless("int8")
     float_model, calibration, validation, config = int8_search_inputs(bert)
     strict_floor = 1.0 - MARGIN  # would need a long search of float roles
-    with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+ \(\d+\.\d\dx, under the 100x"):
+    with pytest.raises(Int8NotFaster, match=r"largest MatMul alone ran at \d+\.\d\dx float in int8 \(under 100x x 0\.8\)"):
         quantize_to_target(float_model, calibration, validation, strict_floor, config, SpeedGate(100.0, float_model))
     passed = quantize_to_target(float_model, calibration, validation, 0.5, config, SpeedGate(1e-6, float_model))
     assert passed.quantized_matmuls == passed.matmuls  # a gate it clears changes nothing
+    with pytest.raises(Int8NotFaster, match=r"all-int8 ran at \d+ tokens/s against float \d+ \(\d+\.\d\dx, under the 100x"):
+        check_speed(passed.model, validation, config, SpeedGate(100.0, float_model))  # the model-level gate after it
+
+
+def test_the_matmul_probe_is_the_largest_weight_matmul_as_the_model_computes_it(bert: Path) -> None:
+    _skip_unless("int8")
+    import openvino as ov
+
+    float_model = convert(int8_request(bert).module)
+    matmul = largest_matmul(float_model)
+    sizes = [
+        op.input_value(1).get_node().get_data().size
+        for op in float_model.get_ops()
+        if op.get_type_name() == "MatMul" and op.input_value(1).get_node().get_type_name() == "Constant"
+    ]
+    weight = np.array(matmul.input_value(1).get_node().get_data())
+    assert weight.size == max(sizes) and len(sizes) > 1
+    model, inner = probe_model(matmul)
+    x = np.random.default_rng(1).standard_normal((5, inner)).astype(np.float32)
+    expected = x @ (weight.T if matmul.get_attributes()["transpose_b"] else weight)
+    got = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert 0 < matmul_speedup(float_model, {"INFERENCE_NUM_THREADS": 1}, 256) < 50
 
 
 def test_the_timing_batch_is_planned_size_and_models_are_timed_alike(bert: Path) -> None:

@@ -247,10 +247,12 @@ class _Slowed:
     def __init__(self, backend: object, factor: float, delay_s: float) -> None:
         self._backend, self._factor, self._delay = backend, factor, delay_s
         self.name, self.precision, self.streams, self.length_multiple = "slowed", "fp32", 1, 1
+        self.calls = 0
 
     def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         import time
 
+        self.calls += 1
         started = time.perf_counter()
         hidden = self._backend.hidden_states(input_ids, mask)  # type: ignore[attr-defined]
         time.sleep(self._factor * (time.perf_counter() - started) + self._delay)
@@ -270,3 +272,19 @@ def test_screening_drops_a_candidate_far_slower_on_one_batch_before_its_corpus_p
     kept = Trial(Mode("slowed", "fp32", 256), 0.999)
     _screen([(kept, slow)], texts)  # alone it is the fastest there is: nothing to drop it for
     assert kept.note == ""
+
+
+def test_a_trial_far_behind_after_one_corpus_pass_is_not_timed_again(tiny: TextEncoder) -> None:
+    from models.calibration import KEEP, REPEATS, Mode, Trial, _time_trials
+
+    slowed = _Slowed(tiny.backend, 3.0, 0.0)  # a quarter of the speed: far under KEEP of the best
+    slow = TextEncoder(tiny.info, tiny.tokenizer, slowed, tiny.device, 256)  # type: ignore[arg-type]
+    texts = [_long_text(40, seed) for seed in range(24)]
+    encode_texts(slow, texts, 256)
+    per_pass, slowed.calls = slowed.calls, 0
+    fast_trial, slow_trial = Trial(Mode("torch", "fp32", 256), 0.999), Trial(Mode("slowed", "fp32", 256), 0.999)
+    _time_trials([fast_trial, slow_trial], {("slowed", "fp32", 1): slow}, texts, tiny)
+    assert per_pass > 1 and slowed.calls == per_pass  # one pass, then no more
+    assert slow_trial.note == f"dropped after one pass (under {KEEP:g} of the best)"
+    assert 0 < slow_trial.tokens_per_s < fast_trial.tokens_per_s * KEEP and fast_trial.note == ""
+    assert REPEATS > 1  # the best was timed again: a repeat is what the drop saves
