@@ -106,20 +106,25 @@ def min_cosine(model: Any, validation: Validation, config: dict[str, object]) ->
     return fidelity(validation.expected, np.vstack(rows)).min
 
 
-def tokens_per_s(models: Sequence[Any], batch: Inputs, config: dict[str, object], repeats: int) -> list[float]:
-    """Return each model's best-of-repeats tokens/s on one batch, the models timed in interleaved passes."""
+def best_seconds(models: Sequence[Any], inputs: Any, config: dict[str, object], repeats: int) -> list[float]:
+    """Return each model's best-of-repeats seconds on one input, the models timed in interleaved passes."""
     import openvino as ov
 
     compiled = [ov.Core().compile_model(model, "CPU", {**config, "PERFORMANCE_HINT": "LATENCY"}) for model in models]
     for run in compiled:
-        run(batch)  # first-call compilation for this shape
+        run(inputs)  # first-call compilation for this shape
     best = [float("inf")] * len(compiled)
     for _ in range(repeats):
         for index, run in enumerate(compiled):
             started = time.perf_counter()
-            run(batch)
+            run(inputs)
             best[index] = min(best[index], time.perf_counter() - started)
-    return [batch["input_ids"].size / seconds for seconds in best]
+    return best
+
+
+def tokens_per_s(models: Sequence[Any], batch: Inputs, config: dict[str, object], repeats: int) -> list[float]:
+    """Return each model's best-of-repeats tokens/s on one batch, the models timed in interleaved passes."""
+    return [batch["input_ids"].size / seconds for seconds in best_seconds(models, batch, config, repeats)]
 
 
 def timing_batch(validation: Validation, rows: int, length: int) -> Inputs:

@@ -9,13 +9,9 @@ slower, the model-level gate decides as before.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 MARGIN = 0.8  # the MatMul must run under min_speedup x MARGIN to refuse: one op's reading may differ from the model's
 REPEATS = 5
@@ -30,7 +26,7 @@ def largest_matmul(model: Any) -> Any:  # an openvino.Node
     ]
     if not weighted:
         raise ValueError("the model has no MatMul with a constant weight")
-    return max(weighted, key=lambda op: int(np.prod(op.input_value(1).get_node().get_data().shape)))
+    return max(weighted, key=lambda op: int(op.input_value(1).get_node().get_data().size))
 
 
 def probe_model(matmul: Any) -> tuple[Any, int]:
@@ -49,19 +45,11 @@ def probe_model(matmul: Any) -> tuple[Any, int]:
 def matmul_speedup(float_model: Any, config: dict[str, object], rows: int) -> float:
     """Return how many times faster float_model's largest MatMul runs in static int8 than in float, on rows rows."""
     import nncf
-    import openvino as ov
+
+    from models.backends.openvino_int8 import best_seconds
 
     model, inner = probe_model(largest_matmul(float_model))
     sample = np.random.default_rng(0).standard_normal((rows, inner)).astype(np.float32)
     quantized = nncf.quantize(model, nncf.Dataset([sample]), subset_size=1)
-    core = ov.Core()
-    float_run, int8_run = (core.compile_model(m, "CPU", {**config, "PERFORMANCE_HINT": "LATENCY"}) for m in (model, quantized))
-    best = [float("inf"), float("inf")]
-    for run in (float_run, int8_run):
-        run(sample)  # first-call compilation
-    for _ in range(REPEATS):
-        for index, run in enumerate((float_run, int8_run)):
-            started = time.perf_counter()
-            run(sample)
-            best[index] = min(best[index], time.perf_counter() - started)
-    return best[0] / best[1]
+    float_seconds, int8_seconds = best_seconds([model, quantized], sample, config, REPEATS)
+    return float_seconds / int8_seconds
