@@ -4,7 +4,7 @@ Catalogues: the demo generator (sessions, series, bundles, taste clusters, new i
 size and larger, and the latent-taste catalogue of benchmarks/catalogues.py (no sessions or series,
 continuous item arrival), so that a fusion tuned for one structure is checked on another. Embeddings are
 hashed TF-IDF of the item text (no encoder). Everything is tuned on a validation split inside the
-training part and measured on the held-out split (models.evaluation). Usage:
+training part and measured on the held-out split (models.recommender.evaluation). Usage:
 
     python benchmarks/candidate_quality.py [--catalogue demo:2000:500 latent:20000:5000 ...] [--seeds 0 1 2]
 """
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.candidates import cpu_flags, print_metrics, run_stage
 from benchmarks.catalogues import latent_catalogue, scratch, text_embeddings
-from models.candidates import CandidateConfig
-from models.evaluation import METRICS
-from nightscore.demo_data import generate_demo_data
+from models.recommender.candidate_stage import CandidateConfig
+from models.recommender.evaluation import METRICS
+from nightscore.demo import generate_demo_data
 
 
 def catalogue(spec: str, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:

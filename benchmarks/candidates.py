@@ -1,6 +1,6 @@
 """Candidate-stage benchmark: demo-generator data through every source and the fusion, timed, with its recall table.
 
-One run: generate (nightscore.demo_data, default 1M items x 100k users x ~10M interactions), hashed TF-IDF
+One run: generate (nightscore.demo, default 1M items x 100k users x ~10M interactions), hashed TF-IDF
 text embeddings written to a file and streamed as blocks, then the stage as the nightly task runs it:
 tune on validation (at most --tune-users users), evaluate on the held-out split (at most --eval-users),
 fit every source on all interactions, and compute the published candidates of EVERY user chunk by chunk
@@ -32,11 +32,11 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.catalogues import scratch, text_embeddings
-from models.candidates import CandidateConfig, Timings, candidate_chunks, evaluate, fit_final, tune
-from models.evaluation import METRICS, time_split
-from models.retrieval import ItemChunks
-from models.sources.base import encode_run
-from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
+from models.recommender.candidate_stage import CandidateConfig, Timings, candidate_chunks, evaluate, fit_final, tune
+from models.recommender.evaluation import METRICS, time_split
+from models.recommender.retrieval import ItemChunks
+from models.recommender.sources.base import encode_run
+from nightscore.demo import DEMO_BASE_TIME, generate_demo_data
 
 log = logging.getLogger("bench")
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512vl", "amx_bf16", "amx_int8", "amx_tile", "fma")

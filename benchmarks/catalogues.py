@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from models.retrieval import ItemChunks
-from nightscore.demo_data import DEMO_BASE_TIME, EVENT_PROBS, EVENTS, _bodies, _epoch_us, _titles, topics
+from models.recommender.retrieval import ItemChunks
+from nightscore.demo import DEMO_BASE_TIME, EVENT_PROBS, EVENTS, _bodies, _epoch_us, _titles, topics
 
 TOKEN = r"[a-z0-9]+"
 

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from models.encoder import model_dir
 from data_contracts.inputs import item_text_expr
-from nightscore.demo_data import generate_items
+from nightscore.demo import generate_items
 src, dst = model_dir(), Path(".gpu/model")
 shutil.rmtree(dst, ignore_errors=True)
 shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors", "*.md"))

@@ -32,11 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.backends.registry import BACKENDS, unavailable_reason
-from models.calibration import CPU_FLAGS, cpu_model_and_flags
-from models.encoder import EncoderSpec, TextEncoder, configure_threads, load_encoder, model_dir, resolve_device
-from models.engine import encode_texts, run_batches
-from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for
+from models.encoder.backends.registry import BACKENDS, unavailable_reason
+from models.encoder.device import CPU_FLAGS, configure_threads, cpu_model_and_flags, resolve_device
+from models.encoder.engine import encode_texts, run_batches
+from models.encoder.files import model_dir
+from models.encoder.loader import load_encoder
+from models.encoder.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
 
 log = logging.getLogger("bench")
 ALL_MODES = [
@@ -85,7 +88,7 @@ def load_texts(path: str | None, n: int) -> list[str]:
         texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_list() if t]
     else:
         from data_contracts.inputs import item_text_expr
-        from nightscore.demo_data import generate_items
+        from nightscore.demo import generate_items
 
         texts = generate_items(max(n, 2000), seed=0).select(item_text_expr()).get_column("text").to_list()
     return [texts[i % len(texts)] for i in range(n)]

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import functools
 import operator
 
-from nightscore.demo_data import COMMON_WORDS, TOPIC_WORDS
+from nightscore.demo import COMMON_WORDS, TOPIC_WORDS
 
 log = logging.getLogger("bench")
 RUN_DATE = "2026-11-01"

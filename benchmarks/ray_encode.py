@@ -32,9 +32,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.encoder import EncoderSpec, get_encoder, load_tokenizer
-from models.engine import encode_texts
-from models.planning import assign_shards, plan_batches
+from models.encoder.batching import assign_shards, plan_batches
+from models.encoder.engine import encode_texts
+from models.encoder.files import load_tokenizer
+from models.encoder.loader import get_encoder
+from models.encoder.spec import EncoderSpec
 
 log = logging.getLogger("bench")
 BUCKETS = [32, 64, 128, 256]
@@ -62,7 +64,7 @@ class Timing:
 def load_texts(n: int) -> list[str]:
     """Return n demo item texts (title + "\\n" + body)."""
     from data_contracts.inputs import item_text_expr
-    from nightscore.demo_data import generate_items
+    from nightscore.demo import generate_items
 
     return generate_items(n, seed=0).select(item_text_expr()).get_column("text").to_list()[:n]
 
@@ -207,7 +209,7 @@ def ray_session(args: argparse.Namespace, api_url: str) -> Iterator[float]:
     """Start a local Ray the way the flow's task runner does (workers' env, setup hook); yield its start seconds."""
     import ray
 
-    from nightscore.settings import load_settings
+    from core.settings import load_settings
     from tasks.runner import ray_init_kwargs
 
     os.environ.update(

@@ -1,7 +1,7 @@
 """Stage-one retrieval benchmark: nightscore's chunked exact top-K next to plain torch.mm and FAISS.
 
 One run, same random unit vectors (float32, seed 0), same threads. Rows:
-  nightscore  models.retrieval.top_k_items (chunked matmul, seen items masked, exact tie order)
+  nightscore  models.recommender.retrieval.top_k_items (chunked matmul, seen items masked, exact tie order)
   torch.mm    the same chunks, matmul only into a reused buffer: the rate ceiling, no top-K at all
   faiss       IndexFlatIP exact search with k + max_seen, seen items removed afterwards (the peer)
 Prints users/s, achieved GFLOP/s (2*U*I*D / s), the share of the torch.mm rate, the process's peak RSS
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.retrieval import Interactions, top_k_items
+from models.recommender.retrieval import Interactions, top_k_items
 
 log = logging.getLogger("bench")
 SCORE_TOLERANCE = 1e-5  # fp32 dot products of unit vectors from different BLAS kernels differ by ~1e-7

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from core.errors import UsageError
+from core.settings import DEFAULT_TOPIC_LABELS, Settings
 from data_contracts.dataset_view import COUNT, DatasetView, view_of
 from data_contracts.inputs import EVENTS
-from nightscore.errors import UsageError
-from nightscore.settings import DEFAULT_TOPIC_LABELS, Settings
 
 if TYPE_CHECKING:
     import pandas as pd

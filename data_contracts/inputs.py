@@ -21,8 +21,8 @@ from typing import Literal
 import pandera.polars as pa
 import polars as pl
 
+from core.errors import InputUnreadable
 from data_contracts.quarantine import REQUIRED_COLUMNS, ROW, failing_rows, require_columns, split_by_failures
-from nightscore.errors import InputUnreadable
 
 ITEMS_CONTRACT = "items/1"
 INTERACTIONS_CONTRACT = "interactions/1"

@@ -16,7 +16,7 @@ import pandera.polars as pa
 import polars as pl
 from pandera.errors import SchemaError, SchemaErrors
 
-from nightscore.errors import ContractViolation
+from core.errors import ContractViolation
 
 ITEM_SCORES_CONTRACT = "item_scores/1"
 USER_CANDIDATES_CONTRACT = "user_candidates/1"

@@ -6,7 +6,7 @@ import pandera.polars as pa
 import polars as pl
 from pandera.errors import SchemaError, SchemaErrors
 
-from nightscore.errors import InputUnreadable
+from core.errors import InputUnreadable
 
 ROW = "__row"
 REQUIRED_COLUMNS = {"items": ["item_id", "body"], "interactions": ["user_id", "item_id", "event", "ts"]}

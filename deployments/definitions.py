@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nightscore.settings import Settings
+from core.settings import Settings
 
 ON_DEMAND_QUEUE = "on-demand"
 SCHEDULED_QUEUE = "scheduled"

@@ -29,8 +29,8 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
 from prefect.utilities.callables import parameter_schema
 
+from core.settings import Settings, load_settings
 from deployments.definitions import QUEUE_PRIORITIES, DeploymentSpec, deployment_specs
-from nightscore.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 

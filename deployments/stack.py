@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nightscore.errors import StackError
-from nightscore.settings import Settings, child_environment
+from core.errors import StackError
+from core.settings import Settings, child_environment
 
 log = logging.getLogger(__name__)
 

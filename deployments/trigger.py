@@ -10,10 +10,10 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from core.errors import RunFailed, UsageError
 from deployments.definitions import deployment_ref
-from nightscore.errors import RunFailed, UsageError
 from storage.lake import Lake
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 

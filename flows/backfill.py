@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
+from core.records import Published
 from flows.nightly import nightly
 from flows.params import BackfillParams, NightlyParams
 from tasks.backfill import backfill_dates
-from tasks.results import Published
 
 
 @flow(name="backfill")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
+from core.records import Published
 from flows.params import NightlyParams
 from flows.pipeline import score_and_publish
 from tasks.hooks import call_back, mark_failed, mark_interrupted
-from tasks.results import Published
 from tasks.runner import SettingsTaskRunner
 from tasks.start import start_run
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
-from nightscore.callback import UnsafeCallback, check_callback_url
-from nightscore.settings import current_settings
+from core.settings import current_settings
+from tasks.callback import UnsafeCallback, check_callback_url
 
 RUN_DATE_HELP = "Run date YYYY-MM-DD; empty = today (UTC). A run_date published again replaces its rows."
 CALLBACK_HELP = (

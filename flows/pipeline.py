@@ -5,13 +5,13 @@ from __future__ import annotations
 from prefect import unmapped
 from prefect.transactions import transaction
 
+from core.records import Published, RunRef, Stages
 from tasks.candidates import build_candidates
 from tasks.encode import encode_shard, merge_encode_stats
 from tasks.ingest import ingest
 from tasks.plan import plan_shards
 from tasks.publish import publish, stage_cache
 from tasks.report import report_run
-from tasks.results import Published, RunRef, Stages
 from tasks.score import score_items
 from tasks.serving import publish_serving_node
 from tasks.validate import validate_inputs

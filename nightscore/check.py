@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
+from core.errors import InputUnreadable
+from core.settings import Settings
 from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, InputRules, validate_interactions, validate_items
 from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
-from nightscore.errors import InputUnreadable
-from nightscore.settings import Settings
 from storage.lake import Lake
 
 

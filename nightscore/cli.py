@@ -16,7 +16,7 @@ import click
 import pydantic
 import typer
 
-from nightscore.errors import (
+from core.errors import (
     EXIT_USAGE,
     ContractViolation,
     NightscoreError,
@@ -27,11 +27,11 @@ from nightscore.errors import (
     exit_code_for,
     is_expected,
 )
-from nightscore.settings import Settings, apply_runtime_defaults, load_settings
+from core.settings import Settings, apply_runtime_defaults, load_settings
 
 if TYPE_CHECKING:
+    from core.records import Published
     from flows.params import OnDemandParams
-    from tasks.results import Published
 
 log = logging.getLogger("nightscore")
 
@@ -79,7 +79,7 @@ def _settings(home: Path | None, command: str = "command") -> Settings:
     Also sets the libraries' process switches and the logging: the console gets one line per failure, the
     command's log file (<home>/logs/<time>-<command>.log, created on first record) everything.
     """
-    from nightscore.logs import configure_logging, log_file_path
+    from core.logs import configure_logging, log_file_path
 
     cfg = load_settings(home=home.resolve() if home is not None else None)
     apply_runtime_defaults(cfg)
@@ -98,7 +98,7 @@ def demo_data(
 ) -> None:
     """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
     _settings(home, "demo-data")
-    from nightscore.demo_data import generate_demo_data
+    from nightscore.demo import generate_demo_data
     from storage.lake import Lake
 
     lake = Lake(str(out))
@@ -121,15 +121,15 @@ def run_nightly(
     """Run the nightly scoring flow once, now, and print its summary (SIGTERM stops it gracefully)."""
     from datetime import date
 
-    from nightscore.run_context import parse_run_date
+    from core.run_context import parse_run_date
 
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
     cfg = _settings(home, "run-nightly")
+    from core.settings import settings_scope
+    from core.stop import install_signal_handlers
     from flows.nightly import nightly
     from flows.params import NightlyParams
     from nightscore.output import progress_bar, summary_text
-    from nightscore.settings import settings_scope
-    from nightscore.stop import install_signal_handlers
 
     install_signal_handlers()
     params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
@@ -140,7 +140,7 @@ def run_nightly(
 
 def _run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
     """Return what the summary adds from the warehouse: quarantine per rule, and the latest run when this one is not it."""
-    from nightscore.errors import NightscoreError
+    from core.errors import NightscoreError
     from storage.resources import warehouse_for
 
     warehouse = warehouse_for(cfg)
@@ -185,9 +185,9 @@ def run_train_ranker(
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
     cfg = _settings(home, "run-train-ranker")
+    from core.settings import settings_scope
     from flows.params import TrainRankerParams
     from flows.train_ranker import train_ranker
-    from nightscore.settings import settings_scope
 
     with settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
@@ -402,9 +402,9 @@ def trigger_on_demand(
 ) -> None:
     """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
     cfg = _settings(home, "trigger")
+    from core.settings import settings_scope
     from deployments.trigger import existing_run, trigger, wait_for_run
     from flows.params import OnDemandParams
-    from nightscore.settings import settings_scope
 
     with settings_scope(cfg):  # the models check callback_url against these settings
         params = OnDemandParams(
@@ -434,8 +434,8 @@ def trigger_on_demand(
 
 def _request_key(cfg: Settings, params: OnDemandParams) -> str:
     """Return the default idempotency key: the parameters and the inputs' identity (size, ETag/mtime, via the lake)."""
+    from core.errors import NightscoreError
     from deployments.trigger import default_idempotency_key, inputs_identity
-    from nightscore.errors import NightscoreError
     from storage.resources import lake_for, warehouse_for
 
     latest = None
@@ -470,7 +470,7 @@ def status(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code; failures print one line, never a bare traceback (see nightscore/logs.py)."""
+    """Run the CLI and return its exit code; failures print one line, never a bare traceback (see core/logs.py)."""
     global INVOCATION
     INVOCATION = Invocation()
     try:
@@ -501,7 +501,7 @@ def _fail(exc: BaseException) -> int:
         typer.echo(f"nightscore: error: {text}", err=True)
         log.debug("failure details", exc_info=exc)
     else:
-        from nightscore.logs import to_log_file
+        from core.logs import to_log_file
 
         if INVOCATION.verbose:  # console and log file
             log.error("unexpected error: %s: %s", type(exc).__name__, text, exc_info=exc)

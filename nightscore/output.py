@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from storage.warehouse import QueryResult
+from storage.warehouse.base import QueryResult
 
 if TYPE_CHECKING:
-    from tasks.results import MethodQuality, Published, RunRecord
+    from core.records import MethodQuality, Published, RunRecord
 
 
 def _json_value(value: Any) -> Any:
@@ -175,7 +175,7 @@ def progress_bar(enabled: bool | None = None) -> Iterator[None]:
     """Show a rich progress bar on stderr for a local run's stages (only on a terminal unless enabled is given)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nightscore import progress
+    from core import progress
 
     console = Console(stderr=True)
     if not (console.is_terminal if enabled is None else enabled):

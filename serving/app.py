@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nightscore.errors import NightscoreError
+from core.errors import NightscoreError
 from serving.batcher import scoring_for
 from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig, export_config, exported_config
 from serving.errors import NotReady, Overloaded, PayloadTooLarge, ServingError, error_response

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.ranker_models import Scorer
+from models.recommender.ranker_models import Scorer
 
 
 class DirectScoring:

@@ -1,6 +1,6 @@
 """The serving options: read from NIGHTSCORE_SERVING_* variables (the service's own), with the lake and cache of Settings.
 
-This module and nightscore/settings.py are the only ones that read the environment.
+This module and core/settings.py are the only ones that read the environment.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from nightscore.settings import Settings
+from core.settings import Settings
 from storage.resources import lake_storage_options
 
 USER_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"

@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from nightscore.errors import CacheUnavailable, ModelLoadError
+from core.errors import CacheUnavailable, ModelLoadError
 from storage.events import EventsFull
 
 

@@ -22,8 +22,8 @@ from datetime import datetime
 
 import numpy as np
 
-from models.ranker_models import Scorer, scorer_from_bytes
-from nightscore.errors import CacheUnavailable, ModelLoadError, NightscoreError
+from core.errors import CacheUnavailable, ModelLoadError, NightscoreError
+from models.recommender.ranker_models import Scorer, scorer_from_bytes
 from serving.batcher import Scoring
 from serving.boost import Neighbours, boost_scores, neighbours_from_frame
 from serving.breaker import Breaker

@@ -3,7 +3,7 @@
 Layout (under the lake root, so an s3:// lake serves a service on another host):
 
 - ``models/ranker/<version>/model.bin`` and ``metadata.json``: one folder per trained ranker, content-addressed
-  (the version is a hash of the ranker's kind, feature names and bytes; models/ranker_models.py);
+  (the version is a hash of the ranker's kind, feature names and bytes; models/recommender/ranker_models.py);
 - ``serving/<run_id>/serving.json``: written when a run publishes: its ranker version, the feature set of its
   cache entries, and the trending items answered to users the run has not seen. A rollback brings back the run's
   own ranker with its candidates;
@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from nightscore.errors import InputUnreadable
+from core.errors import InputUnreadable
 from storage.lake import Lake
 
 MODEL_FILE, META_FILE, SERVING_FILE, NEIGHBOURS_FILE = "model.bin", "metadata.json", "serving.json", "neighbours.parquet"

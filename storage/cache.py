@@ -30,7 +30,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from nightscore.errors import CacheUnavailable, PublishError
+from core.errors import CacheUnavailable, PublishError
 
 logger = logging.getLogger(__name__)
 

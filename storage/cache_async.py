@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from nightscore.errors import CacheUnavailable
+from core.errors import CacheUnavailable
 from storage.cache import REDIS_SCHEMES, SqliteCache, redact_url
 from storage.events import RECENT_PER_USER, EventStore, RedisEvents, SqliteEvents, user_events_key
 

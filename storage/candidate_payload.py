@@ -1,6 +1,6 @@
 """One user's cache entry: candidate item ids in fused order and their stage-two feature rows (msgpack, float32).
 
-The batch run computes every feature the ranker reads at publish time (models/ranker_features.py), so the
+The batch run computes every feature the ranker reads at publish time (models/recommender/ranker_features.py), so the
 service reads one entry per request and only scores it: training rows and served rows come from the same
 function. ``feature_set`` names the feature columns (a digest of their names, `feature_set_id`); the service
 refuses to score an entry whose feature set is not its ranker's.

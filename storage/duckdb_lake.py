@@ -6,7 +6,7 @@ not needed (it cannot be downloaded on our hosts). A local lake is read by DuckD
 
 Analysts::
 
-    from nightscore.settings import load_settings
+    from core.settings import load_settings
     from storage.duckdb_lake import connect, read_partitions
     from storage.resources import lake_for
 
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import duckdb
 import pyarrow as pa
 
-from nightscore.errors import PublishError
+from core.errors import PublishError
 from storage.lake import Lake
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import redis.asyncio as aioredis
 
-from nightscore.errors import CacheUnavailable, NightscoreError
+from core.errors import CacheUnavailable, NightscoreError
 from storage.lake import Lake
 
 RECENT_PER_USER = 100  # recent items kept per user (what a request reads)

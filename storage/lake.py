@@ -29,7 +29,7 @@ import pyarrow.lib
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from nightscore.errors import InputUnreadable, LakeUnavailable
+from core.errors import InputUnreadable, LakeUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from nightscore.errors import NightscoreError, RunBusy, WarehouseBusy
-from storage.warehouse import LeaseFence, LeaseRow, Warehouse
+from core.errors import NightscoreError, RunBusy, WarehouseBusy
+from storage.warehouse.base import LeaseFence, LeaseRow, Warehouse
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from nightscore.run_context import run_folder
+from core.run_context import run_folder
 from storage import duckdb_lake
 from storage.lake import Lake
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from nightscore.errors import PublishError
+from core.errors import PublishError
 from storage.cache import CandidateCache
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 
 log = logging.getLogger(__name__)
 

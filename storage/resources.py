@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightscore.settings import Settings
+from core.settings import Settings
 from storage.cache import CandidateCache, open_cache
 from storage.lake import Lake
-from storage.warehouse import Warehouse, open_warehouse
+from storage.warehouse.base import Warehouse
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 
 S3_SCHEMES = ("s3://", "s3a://")
 
@@ -49,3 +50,20 @@ def query_warehouse_for(settings: Settings) -> Warehouse:
 def cache_for(settings: Settings) -> CandidateCache:
     """Return the candidate cache adapter for settings.cache_location."""
     return open_cache(settings.cache_location, settings.cache_prefix, settings.cache_version_grace_s, settings.cache_retries)
+
+
+def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout_s: float | None = None) -> Warehouse:
+    """Return the warehouse adapter for a location: a postgresql:// URL or a DuckDB file path.
+
+    embedding_dim: the width of this run's embeddings, for the run that may create the tables; None to read and
+    update an existing warehouse only. lock_timeout_s: how long to wait for another process's lock (None: the
+    adapter's default).
+    """
+    if location.startswith(("postgresql://", "postgres://")):
+        # psycopg is imported only when a PostgreSQL warehouse is used
+        from storage.warehouse.postgres_warehouse import PostgresWarehouse
+
+        if lock_timeout_s is None:
+            return PostgresWarehouse(location, embedding_dim=embedding_dim)
+        return PostgresWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
+    return DuckDBWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)

@@ -1,6 +1,6 @@
 """The `build-candidates` node: several retrieval sources fused, a stage-two ranker trained on them, measured and gated.
 
-In order (models/candidates.py holds the pure functions):
+In order (models/recommender/candidate_stage.py holds the pure functions):
 1. the run's interactions are split in time: the latest ``candidate_holdout_share`` held out for evaluation, and the
    same cut inside the rest gives the validation split;
 2. tune: sources fitted on the validation training part, the fusion (per-source weights, RRF constant, new-item
@@ -29,24 +29,33 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.candidates import CandidateChunk, CandidateConfig, Final, Timings, candidate_chunks, evaluate, fit_final, tune
-from models.evaluation import check_gate, metric_value, time_split
-from models.fusion import TuningGrid
-from models.ranker_models import Scorer, scorer_to_bytes
-from models.ranker_training import RankerParams
-from models.retrieval import ITEM_BLOCK, ItemChunks
-from models.sources.als import AlsParams
-from models.sources.base import encode_run
-from models.sources.cooccurrence import CooccurrenceParams, CooccurrenceSource, neighbour_frame
-from models.sources.popularity import PopularityParams, trending_scores
-from nightscore.errors import ContractViolation
-from nightscore.settings import Settings
+from core.errors import ContractViolation
+from core.records import Candidates, MethodQuality, RunRef, Scored, Validated
+from core.settings import Settings
+from models.recommender.candidate_stage import (
+    CandidateChunk,
+    CandidateConfig,
+    Final,
+    Timings,
+    candidate_chunks,
+    evaluate,
+    fit_final,
+    tune,
+)
+from models.recommender.evaluation import check_gate, metric_value, time_split
+from models.recommender.fusion import TuningGrid
+from models.recommender.ranker_models import Scorer, scorer_to_bytes
+from models.recommender.ranker_training import RankerParams
+from models.recommender.retrieval import ITEM_BLOCK, ItemChunks
+from models.recommender.sources.als import AlsParams
+from models.recommender.sources.base import encode_run
+from models.recommender.sources.cooccurrence import CooccurrenceParams, CooccurrenceSource, neighbour_frame
+from models.recommender.sources.popularity import PopularityParams, trending_scores
 from storage.artifacts import publish_neighbours, publish_scorer
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse_schema import CANDIDATE_COLUMNS, CANDIDATE_LISTS
-from tasks.results import Candidates, MethodQuality, RunRef, Scored, Validated
+from storage.warehouse.schema import CANDIDATE_COLUMNS, CANDIDATE_LISTS
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,14 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
-from models.encoder import EncoderSpec, get_encoder
-from models.engine import encode_texts
-from nightscore import progress as local_progress
-from nightscore.settings import Settings
-from nightscore.stop import fault_point, raise_if_stopped
+from core import progress as local_progress
+from core.records import EncodeTotals, Plan, RunRef, ShardResult
+from core.settings import Settings
+from core.stop import fault_point, raise_if_stopped
+from models.encoder.engine import encode_texts
+from models.encoder.loader import get_encoder
+from models.encoder.spec import EncoderSpec
 from storage.resources import lake_for
-from tasks.results import EncodeTotals, Plan, RunRef, ShardResult
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nightscore.callback import completion_payload, post_json
-from nightscore.errors import RunInterrupted, WarehouseMissing
-from nightscore.settings import current_settings
+from core.errors import RunInterrupted, WarehouseMissing
+from core.records import Published
+from core.settings import current_settings
 from storage import leases
 from storage.resources import warehouse_for
-from tasks.results import Published
+from tasks.callback import completion_payload, post_json
 
 log = logging.getLogger(__name__)
 

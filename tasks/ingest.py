@@ -11,14 +11,14 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.errors import InputUnreadable
+from core.records import Ingested, RunRef
+from core.stop import fault_point
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, conform
 from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
-from nightscore.errors import InputUnreadable
-from nightscore.stop import fault_point
 from storage.events import ingested_partitions
 from storage.lake import Lake
 from storage.resources import lake_for
-from tasks.results import Ingested, RunRef
 from tasks.retries import IO_RETRIES, IO_RETRY_DELAYS, is_transient
 
 INPUT_BATCH = 65_536  # input rows per batch: ingest and the row contracts stream a file this many rows at a time

@@ -10,11 +10,11 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from nightscore.errors import UsageError
-from nightscore.settings import current_settings
+from core.errors import UsageError
+from core.settings import current_settings
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 from tasks.start import saved_run
 
 log = logging.getLogger(__name__)

@@ -18,16 +18,18 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tokenizers import Tokenizer
 
-from models.encoder import EncoderSpec, calibration_summary, get_encoder, model_info, resolve_spec, spec_version, tokenizer_for
-from models.planning import assign_shards
-from nightscore.run_context import run_folder
-from nightscore.settings import Settings
+from core.records import EngineMode, Plan, RunRef, Validated
+from core.run_context import run_folder
+from core.settings import Settings
+from models.encoder.batching import assign_shards
+from models.encoder.files import model_info, tokenizer_for
+from models.encoder.loader import calibration_summary, get_encoder, resolve_spec, spec_version
+from models.encoder.spec import EncoderSpec
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 from tasks.encode import encoder_spec
 from tasks.report import start_progress
-from tasks.results import EngineMode, Plan, RunRef, Validated
 
 log = logging.getLogger(__name__)
 

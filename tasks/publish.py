@@ -34,18 +34,18 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.transactions import Transaction, get_transaction
 
+from core.errors import NightscoreError
+from core.records import Candidates, Checked, Published, RunRecord, RunRef, Staged, Stages
+from core.settings import Settings
+from core.stop import fault_point
 from data_contracts.inputs import INTERACTIONS_CONTRACT, ITEMS_CONTRACT
 from data_contracts.outputs import ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT
-from nightscore.errors import NightscoreError
-from nightscore.settings import Settings
-from nightscore.stop import fault_point
 from storage import duckdb_lake, leases
 from storage.cache import CandidateCache
 from storage.lake import Lake
 from storage.publication import Pointers, drop_unless_current, retract, switch_in_transaction, unstage_cache
 from storage.resources import cache_for, lake_for, warehouse_for
-from storage.warehouse import Warehouse
-from tasks.results import Candidates, Checked, Published, RunRecord, RunRef, Staged, Stages
+from storage.warehouse.base import Warehouse
 from tasks.validate import record_quarantine
 
 log = logging.getLogger(__name__)

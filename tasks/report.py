@@ -15,13 +15,13 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
-from nightscore import plots as draw
-from nightscore.report import QuarantineRule, contracts_line, contracts_markdown, served_docs, summary_markdown, timing_rows
-from nightscore.run_context import run_folder
+from core.records import Published, RunRef, Stages
+from core.run_context import run_folder
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse import Warehouse
-from tasks.results import Published, RunRef, Stages
+from storage.warehouse.base import Warehouse
+from tasks import report_plots as draw
+from tasks.report_page import QuarantineRule, contracts_line, contracts_markdown, served_docs, summary_markdown, timing_rows
 
 
 def artifact_key(kind: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightscore.errors import CacheUnavailable, ContractViolation
+from core.errors import CacheUnavailable, ContractViolation
 
 IO_RETRIES = 2
 IO_RETRY_DELAYS: list[float] = [1.0, 4.0]

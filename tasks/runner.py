@@ -17,8 +17,8 @@ from typing import Any
 from prefect.futures import PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from nightscore.errors import UsageError
-from nightscore.settings import Settings, apply_runtime_defaults, current_settings, load_settings, worker_environment
+from core.errors import UsageError
+from core.settings import Settings, apply_runtime_defaults, current_settings, load_settings, worker_environment
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,8 @@ def remote_resources(cfg: Settings) -> dict[str, Any]:
 
 def setup_worker() -> None:
     """Prepare a Ray worker process: nightscore's logs at INFO, offline model libraries, torch threads."""
-    from models.encoder import configure_threads
-    from nightscore.logs import configure_logging
+    from core.logs import configure_logging
+    from models.encoder.device import configure_threads
 
     cfg = load_settings()
     apply_runtime_defaults(cfg)

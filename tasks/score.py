@@ -19,11 +19,11 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.encoder import get_encoder
-from models.engine import encode_texts
+from core.records import Plan, RunRef, Scored, ShardResult
+from models.encoder.engine import encode_texts
+from models.encoder.loader import get_encoder
 from models.topics import topic_scores
 from storage.resources import lake_for
-from tasks.results import Plan, RunRef, Scored, ShardResult
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from dataclasses import replace
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from nightscore.errors import PublishError
+from core.errors import PublishError
+from core.records import Published, RunRef, Stages
 from storage.artifacts import publish_serving
 from storage.resources import lake_for, warehouse_for
-from tasks.results import Published, RunRef, Stages
 
 
 @task(name="publish-serving", cache_policy=NO_CACHE)

@@ -20,19 +20,19 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from models.encoder import embedding_dim
-from nightscore.demo_data import generate_demo_data
-from nightscore.errors import UsageError, WarehouseMissing
-from nightscore.run_context import RunContext, make_run_id, parse_run_date, run_folder
-from nightscore.settings import Settings, apply_runtime_defaults, current_settings
-from nightscore.stop import chain_stop_handler
+from core.errors import UsageError, WarehouseMissing
+from core.records import RunRef
+from core.run_context import RunContext, make_run_id, parse_run_date, run_folder
+from core.settings import Settings, apply_runtime_defaults, current_settings
+from core.stop import chain_stop_handler
+from models.encoder.files import embedding_dim
+from nightscore.demo import generate_demo_data
 from storage import leases
 from storage.lake import Lake
 from storage.publication import reconcile_cache
 from storage.resources import cache_for, lake_for, warehouse_for
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 from tasks.encode import encoder_spec
-from tasks.results import RunRef
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from core.errors import ContractViolation
+from core.records import RunRef
+from core.run_context import run_folder
 from data_contracts.dataset_view import DatasetView
 from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
-from nightscore.errors import ContractViolation
-from nightscore.run_context import run_folder
 from storage.lake import Lake
-from storage.warehouse import Warehouse
-from tasks.results import RunRef
+from storage.warehouse.base import Warehouse
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.candidates import evaluate, tune
-from models.evaluation import time_split
-from models.ranker_models import scorer_to_bytes
-from models.sources.base import encode_run
-from nightscore.errors import UsageError
-from nightscore.settings import current_settings
+from core.errors import UsageError
+from core.records import RunRef
+from core.settings import current_settings
+from models.recommender.candidate_stage import evaluate, tune
+from models.recommender.evaluation import time_split
+from models.recommender.ranker_models import scorer_to_bytes
+from models.recommender.sources.base import encode_run
 from storage.artifacts import publish_scorer, ranker_folder, read_serving, rebind_ranker
 from storage.candidate_payload import feature_set_id
 from storage.resources import lake_for, warehouse_for
 from tasks.candidates import candidate_config, catalogue_items, item_chunks
-from tasks.results import RunRef
 from tasks.start import run_ref, saved_run
 
 log = logging.getLogger(__name__)

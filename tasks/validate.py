@@ -16,15 +16,15 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.errors import ContractViolation
+from core.records import Ingested, RunRef, Validated
 from data_contracts.dataset_view import DatasetView, ViewBuilder
 from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
 from data_contracts.quarantine import empty_quarantine
-from nightscore.errors import ContractViolation
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 from tasks.ingest import INPUT_BATCH
-from tasks.results import Ingested, RunRef, Validated
 from tasks.suites import gate
 
 Validator = Callable[[pl.DataFrame, int], tuple[pl.DataFrame, pl.DataFrame]]

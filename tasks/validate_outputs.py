@@ -11,10 +11,10 @@ import time
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.records import Candidates, Checked, Plan, RunRef, Scored, Validated
 from data_contracts.dataset_view import ViewBuilder, view_of
 from data_contracts.outputs import ItemScoreTally, candidate_failures, enforce
 from storage.resources import lake_for, warehouse_for
-from tasks.results import Candidates, Checked, Plan, RunRef, Scored, Validated
 from tasks.suites import gate
 
 BATCH_ROWS = 32_768  # item_scores rows per batch (x 384 floats: ~50 MB)

@@ -66,8 +66,8 @@ def calibrated_engine_cache(tmp_path_factory: pytest.TempPathFactory, worker_id:
     cache, marker = root / "engine-cache", root / "engine-cache-calibrated.json"
     with FileLock(str(root / "engine-cache.lock")):
         if not marker.exists():
-            from models.encoder import load_encoder
-            from nightscore.settings import Settings
+            from core.settings import Settings
+            from models.encoder.loader import load_encoder
             from tasks.encode import encoder_spec
 
             encoder = load_encoder(encoder_spec(Settings(engine_cache_dir=cache)))

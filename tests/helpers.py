@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 if TYPE_CHECKING:
-    from tasks.results import Published
+    from core.records import Published
 
 
 # A few hundred demo rows measure candidates too noisily to gate them (the gate has its own tests in
@@ -55,7 +55,7 @@ def cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def demo_inputs(folder: Path, items: int = 300, users: int = 60, seed: int = 0) -> Path:
     """Write deterministic demo inputs (items.parquet, interactions.parquet) into folder and return it."""
-    from nightscore.demo_data import generate_demo_data
+    from nightscore.demo import generate_demo_data
 
     folder.mkdir(parents=True, exist_ok=True)
     item_frame, interactions = generate_demo_data(items, users, seed=seed)
@@ -69,7 +69,7 @@ def published(**record: object) -> Published:
     import json
     from datetime import datetime
 
-    from tasks.results import Published, RunRecord
+    from core.records import Published, RunRecord
 
     stage_seconds = cast("dict[str, float]", record.pop("stage_seconds", {"encode": 36.0, "publish": 4.0}))
     data_docs = cast("dict[str, str]", record.pop("data_docs", {"items": "/lake/docs/index.html"}))

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.errors import InputUnreadable
+from core.settings import Settings
 from data_contracts.inputs import InputRules, duplicate_rows, validate_items
 from nightscore.check import InputCheck, check_inputs
-from nightscore.demo_data import generate_demo_data
-from nightscore.errors import InputUnreadable
-from nightscore.settings import Settings
+from nightscore.demo import generate_demo_data
 from storage.lake import Lake
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.errors import UsageError
 from data_contracts.datasets import (
     DATASETS,
     DatasetReport,
@@ -24,8 +25,7 @@ from data_contracts.datasets import (
     suite_params,
     validate_dataset,
 )
-from nightscore.demo_data import generate_demo_data
-from nightscore.errors import UsageError
+from nightscore.demo import generate_demo_data
 
 K = 10
 PARAMS = SuiteParams(top_k=K)

@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.errors import InputUnreadable
 from data_contracts.inputs import InputRules, validate_interactions, validate_items
 from data_contracts.outputs import candidate_failures, item_score_failures
-from nightscore.demo_data import generate_demo_data
-from nightscore.errors import InputUnreadable
+from nightscore.demo import generate_demo_data
 
 RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=UTC), max_text_chars=20_000)
 URI = "mem://items.parquet"

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.settings import DEFAULT_TOPIC_LABELS
 from data_contracts.outputs import candidate_failures, item_score_failures
-from nightscore.settings import DEFAULT_TOPIC_LABELS
 
 K = 10
 TOPICS = list(DEFAULT_TOPIC_LABELS)

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
-from nightscore.demo_data import generate_demo_data
+from nightscore.demo import generate_demo_data
 
 RULES = InputRules(not_after=datetime(2026, 12, 1, tzinfo=UTC), max_text_chars=20_000)
 URI = "mem://items.parquet"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.settings import load_settings
 from flows.backfill import backfill
 from flows.params import BackfillParams
-from nightscore.settings import load_settings
 from storage.resources import warehouse_for
 from tests.helpers import demo_inputs
 

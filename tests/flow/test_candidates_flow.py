@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import ContractViolation
+from core.records import Published
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
-from nightscore.errors import ContractViolation
 from nightscore.output import summary_text
-from nightscore.settings import load_settings
 from storage.artifacts import read_neighbours, read_scorer_bytes, read_serving
 from storage.candidate_payload import decode_entry
 from storage.resources import cache_for, lake_for, warehouse_for
-from tasks.results import Published
 from tests.helpers import demo_inputs
 
 SOURCE_LISTS = {"als", "content", "content_new", "cooccurrence", "topic_trending", "trending"}

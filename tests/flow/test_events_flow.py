@@ -9,10 +9,10 @@ from pathlib import Path
 import polars as pl
 from fastapi.testclient import TestClient
 
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
 from nightscore.cli import main
-from nightscore.settings import load_settings
 from serving.app import create_app
 from serving.config import serving_config
 from storage.resources import lake_for, warehouse_for

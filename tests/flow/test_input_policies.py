@@ -16,10 +16,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
 
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
-from nightscore.demo_data import generate_demo_data
-from nightscore.settings import load_settings
+from nightscore.demo import generate_demo_data
 from storage.resources import warehouse_for
 
 

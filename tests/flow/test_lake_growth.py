@@ -19,11 +19,11 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
 
+from core.errors import ContractViolation
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
 from nightscore import cli
-from nightscore.errors import ContractViolation
-from nightscore.settings import load_settings
 from storage.resources import warehouse_for
 from tests.helpers import demo_inputs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nightscore.demo_data import generate_demo_data
+from nightscore.demo import generate_demo_data
 from storage.lake import Lake
 from tests.flow.test_resilience import CLI
 from tests.helpers import UNGATED

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import WarehouseBusy
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
 from nightscore import cli
-from nightscore.errors import WarehouseBusy
-from nightscore.settings import load_settings
 from storage.lake import Lake
 from storage.resources import cache_for, lake_for, warehouse_for
-from storage.warehouse import Warehouse
+from storage.warehouse.base import Warehouse
 from tasks.on_demand import latest_inputs
 from tasks.plan import previous_vectors
 from tasks.report import previous_scores

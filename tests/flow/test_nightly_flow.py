@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from nightscore.demo_data import generate_demo_data
-from nightscore.errors import ContractViolation, InputUnreadable
-from nightscore.settings import load_settings
+from core.errors import ContractViolation, InputUnreadable
+from core.settings import load_settings
+from nightscore.demo import generate_demo_data
 from storage.candidate_payload import decode_entry
 from storage.resources import cache_for, warehouse_for
 
@@ -29,9 +29,9 @@ def scalar(sql: str) -> object:
     return warehouse_for(load_settings()).query(sql).rows[0][0]
 
 
+from core.records import Published  # noqa: E402
 from flows.nightly import nightly as nightly_flow  # noqa: E402
 from flows.params import NightlyParams, TrainRankerParams  # noqa: E402
-from tasks.results import Published  # noqa: E402
 
 
 def nightly(**params: object) -> Published:

@@ -20,12 +20,12 @@ from typing import TypedDict
 import duckdb
 import pytest
 
+from core.errors import WarehouseMissing
+from core.records import Published
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
-from nightscore.errors import WarehouseMissing
-from nightscore.settings import load_settings
 from storage.resources import cache_for, lake_for, warehouse_for
-from tasks.results import Published
 from tests.helpers import demo_inputs, restore_tree
 
 DAYS = ("2026-11-28", "2026-11-29", "2026-11-30")

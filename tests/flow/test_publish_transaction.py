@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
-from nightscore.demo_data import generate_demo_data
-from nightscore.settings import load_settings
+from nightscore.demo import generate_demo_data
 from storage.resources import cache_for, lake_for, warehouse_for
 
 

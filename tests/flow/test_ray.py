@@ -18,8 +18,8 @@ import duckdb
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from nightscore.errors import UsageError
-from nightscore.settings import load_settings
+from core.errors import UsageError
+from core.settings import load_settings
 from tasks.runner import build_runner
 from tests.helpers import UNGATED, demo_inputs, nightly_command
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pytest
 
-from nightscore.demo_data import generate_demo_data
-from nightscore.settings import load_settings
+from core.settings import load_settings
+from nightscore.demo import generate_demo_data
 from storage import duckdb_lake
 from storage.resources import lake_for, warehouse_for
 from tests.servers import s3_bucket, s3_endpoint  # noqa: F401  (fixtures)
 
 if TYPE_CHECKING:
-    from tasks.results import Published
+    from core.records import Published
 
 RUN_DATE = "2026-11-30"
 NEXT_DATE = "2026-12-01"

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from models.encoder import model_dir
+from models.encoder.files import model_dir
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from models.backends.base import BackendRequest
-    from models.backends.openvino_int8 import Validation
+    from models.encoder.backends.base import BackendRequest
+    from models.encoder.backends.openvino_int8.search import Validation
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -101,7 +101,9 @@ def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
 
 def int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
     """Return the int8 BackendRequest of the model in folder on 2 CPU threads (its calibration and validation batches)."""
-    from models.encoder import EncoderSpec, _request, load_module, load_tokenizer, model_info
+    from models.encoder.files import load_module, load_tokenizer, model_info
+    from models.encoder.loader import _request
+    from models.encoder.spec import EncoderSpec
 
     spec = EncoderSpec(device="cpu", model_path=str(folder), int8_floor=floor)
     info = model_info(spec)
@@ -111,7 +113,7 @@ def int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
 
 def int8_search_inputs(folder: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:
     """Return (float IR, calibration batches, validation, f32 config on 2 threads) of the int8 search on folder's model."""
-    from models.backends.openvino_backend import _validation, convert
+    from models.encoder.backends.openvino_backend import _validation, convert
 
     request = int8_request(folder)
     calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]

@@ -15,13 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.registry import BACKENDS, unavailable_reason
-from models.calibration import TIE
-from models.encoder import EncoderSpec, TextEncoder, embedding_dim, get_encoder, load_encoder, model_info, spec_version
-from models.engine import encode_texts
-from models.precision import FidelityRefused
-from models.st_layout import read_model_info
-from nightscore.errors import ModelLoadError
+from core.errors import ModelLoadError
+from models.encoder.backends.registry import BACKENDS, unavailable_reason
+from models.encoder.calibration import TIE
+from models.encoder.engine import encode_texts
+from models.encoder.files import embedding_dim, model_info
+from models.encoder.loader import get_encoder, load_encoder, spec_version
+from models.encoder.precision import FidelityRefused
+from models.encoder.spec import EncoderSpec
+from models.encoder.st_layout import read_model_info
+from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
 from tests.model.st_models import ARCHS, Arch, save_random_model
 
@@ -246,7 +249,7 @@ def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_p
 
 
 def test_resolve_spec_pins_autos_choice_for_shard_workers(bert_cache: tuple[EncoderSpec, TextEncoder], tmp_path: Path) -> None:
-    from models.encoder import resolve_spec
+    from models.encoder.loader import resolve_spec
 
     spec, chosen = bert_cache
     pinned = resolve_spec(spec)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from benchmarks.inference import CEILING_STEP, ceiling_grid, run_ceiling, run_engine
-from models.encoder import EncoderSpec, TextEncoder, load_encoder
+from models.encoder.loader import load_encoder
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
 from tests.model.st_models import ARCHS, save_random_model
 
 

@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.registry import BACKENDS, unavailable_reason
-from models.encoder import EncoderSpec, TextEncoder, load_encoder, resolve_device
-from models.engine import encode_texts
-from models.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS
-from nightscore.settings import load_settings
+from core.settings import load_settings
+from models.encoder.backends.registry import BACKENDS, unavailable_reason
+from models.encoder.device import resolve_device
+from models.encoder.engine import encode_texts
+from models.encoder.loader import load_encoder
+from models.encoder.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
 
 TEXTS = [

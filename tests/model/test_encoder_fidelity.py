@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from models.encoder import MODEL_NAME, EncoderSpec, TextEncoder, get_encoder, load_encoder, model_dir
-from models.engine import encode_texts
+from models.encoder.engine import encode_texts
+from models.encoder.files import MODEL_NAME, model_dir
+from models.encoder.loader import get_encoder, load_encoder
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
 
 if TYPE_CHECKING:
@@ -165,7 +168,7 @@ def test_other_modes_against_sentence_transformers(
     """Each mode meets its floor on this corpus too (the shortest texts are the worst case for int8)."""
     import torch
 
-    from models.backends.registry import unavailable_reason
+    from models.encoder.backends.registry import unavailable_reason
 
     reason = unavailable_reason(backend, precision, torch.device("cpu"))
     if reason:
@@ -186,7 +189,7 @@ def _check_static_int8_report(shared: SharedInt8, encoder: TextEncoder) -> None:
     """On MiniLM all-int8 misses the floor (min cos about 0.977): the search kept roles float, and cached its answer."""
     import json
 
-    from models.backends.openvino_int8 import MARGIN
+    from models.encoder.backends.openvino_int8.search import MARGIN
 
     found = (shared.cache_dir / "converted").glob("*/openvino-*-int8-floor0.99/quantization.json")
     report = json.loads(next(found).read_text())
@@ -197,7 +200,7 @@ def _check_static_int8_report(shared: SharedInt8, encoder: TextEncoder) -> None:
 
 
 def minilm_version() -> str:
-    from models.encoder import model_info
+    from models.encoder.files import model_info
 
     return model_info(EncoderSpec()).version
 
@@ -213,7 +216,7 @@ def test_torch_dynamic_quantisation_would_be_under_the_int8_floor(minilm: TextEn
     with torch.inference_mode():
         ids, mask = minilm.collate(minilm.tokenize(TEXTS)[0])
         hidden = quantized(input_ids=ids, attention_mask=mask).last_hidden_state
-    from models.pooling import pool
+    from models.encoder.pooling import pool
 
     cos = cos_rows(pool(hidden, mask, "mean", True), reference)
     assert cos.min() < 0.99

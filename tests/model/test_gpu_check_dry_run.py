@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from models.backends.registry import BACKENDS
+from models.encoder.backends.registry import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["install", "encoder_tests", "inference", "nightly", "ray"]

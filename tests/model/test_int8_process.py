@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.int8_process import Int8SearchCrashed, quantize_isolated, read_result, write_job
-from models.backends.openvino_int8 import MARGIN, Int8NotFaster, QuantizationFailed, Validation, min_cosine
-from models.backends.registry import unavailable_reason
+from models.encoder.backends.openvino_int8.process import Int8SearchCrashed, quantize_isolated, read_result, write_job
+from models.encoder.backends.openvino_int8.search import MARGIN, Int8NotFaster, QuantizationFailed, Validation, min_cosine
+from models.encoder.backends.registry import unavailable_reason
 from tests.model.st_models import ARCHS, int8_search_inputs, save_random_model
 
 
@@ -59,6 +59,6 @@ def test_a_child_that_fails_outside_the_search_is_int8_unavailable(tmp_path: Pat
 
 def quantize_isolated_from(folder: Path) -> None:
     """Run the child on a folder as it stands and read what it left."""
-    from models.backends.int8_process import _run_child
+    from models.encoder.backends.openvino_int8.process import _run_child
 
     read_result(folder, _run_child(folder))

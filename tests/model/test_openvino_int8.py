@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.openvino_backend import _validation, convert
-from models.backends.openvino_int8 import (
+from models.encoder.backends.openvino_backend import _validation, convert
+from models.encoder.backends.openvino_int8.probe import largest_matmul, matmul_speedup, probe_model
+from models.encoder.backends.openvino_int8.search import (
     MARGIN,
     Int8NotFaster,
     QuantizationFailed,
@@ -25,12 +26,13 @@ from models.backends.openvino_int8 import (
     timing_batch,
     tokens_per_s,
 )
-from models.backends.openvino_int8_probe import largest_matmul, matmul_speedup, probe_model
-from models.backends.registry import unavailable_reason
-from models.calibration import stream_counts
-from models.encoder import EncoderSpec, _request, load_encoder, load_module, load_tokenizer, model_info
-from models.engine import encode_texts
-from models.precision import FidelityRefused
+from models.encoder.backends.registry import unavailable_reason
+from models.encoder.calibration import stream_counts
+from models.encoder.engine import encode_texts
+from models.encoder.files import load_module, load_tokenizer, model_info
+from models.encoder.loader import _request, load_encoder
+from models.encoder.precision import FidelityRefused
+from models.encoder.spec import EncoderSpec
 from tests.helpers import cos_rows
 from tests.model.st_models import ARCHS, int8_request, int8_search_inputs, save_random_model
 

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.int8 import SMOOTHING_ALPHA
-from models.backends.openvino_backend import convert
-from models.backends.openvino_int8 import matmul_roles
-from models.backends.registry import unavailable_reason
-from models.backends.shared_statistics import SharedStatistics
-from models.encoder import EncoderSpec, _request, load_module, load_tokenizer, model_info
+from models.encoder.backends.int8 import SMOOTHING_ALPHA
+from models.encoder.backends.openvino_backend import convert
+from models.encoder.backends.openvino_int8.search import matmul_roles
+from models.encoder.backends.openvino_int8.shared_statistics import SharedStatistics
+from models.encoder.backends.registry import unavailable_reason
+from models.encoder.files import load_module, load_tokenizer, model_info
+from models.encoder.loader import _request
+from models.encoder.spec import EncoderSpec
 from tests.model.st_models import ARCHS, save_random_model
 
 CONFIG: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
@@ -91,7 +93,7 @@ def test_every_trial_equals_a_fresh_pipeline_and_shared_points_are_collected_onc
     down = next(names for role, names in roles.items() if role.endswith("output.dense") and "attention" not in role)
     shared = SharedStatistics(model, calibration, SMOOTHING_ALPHA)
     trials = [down, query[:1], down + query[:1], query[:1]]  # one of Q/K/V float splits their shared input quantizer
-    with caplog.at_level(logging.INFO, logger="models.backends.shared_statistics"):
+    with caplog.at_level(logging.INFO, logger="models.encoder.backends.openvino_int8.shared_statistics"):
         for ignored in trials:
             ours = outputs(shared.quantize(ignored), calibration)
             theirs = outputs(from_scratch(shared, model, calibration, ignored), calibration)

@@ -1,6 +1,6 @@
 """Fixtures of the service tier: a served run built by the candidate stage's own functions on demo data, a real Redis.
 
-`served` runs the candidate stage (models/candidates.py: sources, fusion, a LightGBM ranker) on a small demo
+`served` runs the candidate stage (models/recommender/candidate_stage.py: sources, fusion, a LightGBM ranker) on a small demo
 catalogue, then writes what a published run leaves for serving: the ranker in the lake, serving/<run>/serving.json
 (r1 also with its co-visitation neighbours, r2 without) and one cache entry (encode_entry) per user. No Prefect: the
 flow tier covers the nightly run itself.
@@ -19,16 +19,16 @@ import polars as pl
 import pytest
 import redis
 
-from models.candidates import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
-from models.evaluation import time_split
-from models.fusion import TuningGrid
-from models.ranker_models import Scorer, scorer_to_bytes
-from models.ranker_training import RankerParams
-from models.retrieval import ItemChunks
-from models.sources.base import encode_run
-from models.sources.cooccurrence import CooccurrenceSource, neighbour_frame
-from models.sources.popularity import trending_scores
-from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
+from models.recommender.candidate_stage import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
+from models.recommender.evaluation import time_split
+from models.recommender.fusion import TuningGrid
+from models.recommender.ranker_models import Scorer, scorer_to_bytes
+from models.recommender.ranker_training import RankerParams
+from models.recommender.retrieval import ItemChunks
+from models.recommender.sources.base import encode_run
+from models.recommender.sources.cooccurrence import CooccurrenceSource, neighbour_frame
+from models.recommender.sources.popularity import trending_scores
+from nightscore.demo import DEMO_BASE_TIME, generate_demo_data
 from storage.artifacts import publish_neighbours, publish_scorer, publish_serving
 from storage.cache import CandidateCache
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from nightscore.settings import Settings
+from core.settings import Settings
 from serving.app import create_app
 from serving.batcher import DirectScoring, MicroBatcher
 from serving.config import serving_config

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 
-from nightscore.errors import CacheUnavailable, PublishError
+from core.errors import CacheUnavailable, PublishError
 from storage.cache import CandidateCache, RedisCache, SqliteCache, open_cache, redact_url
 from storage.candidate_payload import PAYLOAD_VERSION, CandidateEntry, decode_entry, encode_entry, feature_set_id
 
@@ -408,7 +408,7 @@ def test_sqlite_file_from_before_expiry_is_upgraded(tmp_path: Path) -> None:
 def test_rollback_twice_reaches_an_expiring_version_and_keeps_it(location: tuple[str, str], tmp_path: Path) -> None:
     """`nightscore cache rollback` (storage.publication.rollback) on a real DuckDB warehouse, through an expiring version."""
     from storage.publication import rollback
-    from storage.warehouse import open_warehouse
+    from storage.resources import open_warehouse
     from tests.storage.test_warehouse import publish as publish_run
 
     wh = open_warehouse(str(tmp_path / "warehouse.duckdb"), embedding_dim=384)
@@ -440,7 +440,7 @@ def test_set_pointers_sets_clears_and_persists_both(location: tuple[str, str]) -
 def test_reconcile_clears_a_pointer_the_warehouse_never_published(location: tuple[str, str], tmp_path: Path) -> None:
     """A first publication killed between the cache switch and the warehouse commit left the cache on its run."""
     from storage.publication import reconcile_cache
-    from storage.warehouse import open_warehouse
+    from storage.resources import open_warehouse
     from tests.storage.test_warehouse import publish as publish_run
 
     wh = open_warehouse(str(tmp_path / "warehouse.duckdb"), embedding_dim=384)

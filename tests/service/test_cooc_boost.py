@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from fastapi.testclient import TestClient
 
-from nightscore.settings import Settings
+from core.settings import Settings
 from serving.app import create_app
 from serving.config import serving_config
 from serving.ranking import load_run

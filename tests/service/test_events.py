@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from nightscore.settings import Settings
+from core.settings import Settings
 from serving.app import create_app
 from serving.config import serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache

@@ -21,8 +21,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from nightscore.errors import ModelLoadError
-from nightscore.settings import Settings
+from core.errors import ModelLoadError
+from core.settings import Settings
 from serving.app import create_app
 from serving.config import ServingConfig, serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache

@@ -10,7 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from storage.warehouse import Warehouse, open_warehouse
+from storage.resources import open_warehouse
+from storage.warehouse.base import Warehouse
 
 DIM = 384
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"

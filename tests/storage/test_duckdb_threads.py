@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nightscore.errors import WarehouseBusy
-from storage.duckdb_gate import ConfigGate, config_key
-from storage.warehouse import DuckDBWarehouse
+from core.errors import WarehouseBusy
+from storage.warehouse.duckdb_gate import ConfigGate, config_key
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 from tests.storage.test_warehouse import run_row
 
 DIM = 8

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from nightscore.errors import InputUnreadable, PublishError
-from nightscore.settings import Settings
+from core.errors import InputUnreadable, PublishError
+from core.settings import Settings
 from storage import duckdb_lake
 from storage.lake import Lake
 from storage.resources import lake_for, lake_storage_options

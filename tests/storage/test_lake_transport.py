@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 import redis
 
-from nightscore.errors import CacheUnavailable, InputUnreadable, LakeUnavailable
+from core.errors import CacheUnavailable, InputUnreadable, LakeUnavailable
 from storage.cache import open_cache
 from storage.lake import Lake
 from tests.servers import ResettingProxy, proxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures

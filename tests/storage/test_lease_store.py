@@ -10,9 +10,9 @@ from datetime import date
 
 import pytest
 
-from nightscore.errors import PublishError, RunBusy
+from core.errors import PublishError, RunBusy
 from storage import leases
-from storage.warehouse import LeaseFence, Warehouse
+from storage.warehouse.base import LeaseFence, Warehouse
 from tests.storage.test_warehouse import candidates, one, run_row, scores
 
 NEVER_STALE = lambda holder: False  # noqa: E731 - a holder on another host: only expiry frees its lease

@@ -15,8 +15,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from nightscore.errors import QueryRefused, UsageError
-from storage.warehouse import DuckDBWarehouse, Warehouse, open_warehouse
+from core.errors import QueryRefused, UsageError
+from storage.resources import open_warehouse
+from storage.warehouse.base import Warehouse
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 from tests.storage.conftest import DIM
 from tests.storage.test_warehouse import publish
 
@@ -152,7 +154,7 @@ def test_postgres_writer_role_is_warned_about_and_still_read_only(
     pg_roles: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = open_warehouse(pg_roles["writer"])
-    with caplog.at_level(logging.WARNING, logger="storage.warehouse_postgres"):
+    with caplog.at_level(logging.WARNING, logger="storage.warehouse.postgres_warehouse"):
         assert writer.analyst_query("select count(*) from item_scores").rows == [(4,)]
     assert any("can write" in r.getMessage() and "item_scores" in r.getMessage() for r in caplog.records)
     with pytest.raises(QueryRefused, match="read-only"):

@@ -25,9 +25,11 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from nightscore.errors import PublishError, UsageError, WarehouseBusy
-from storage.warehouse import DuckDBWarehouse, Warehouse, open_warehouse
-from storage.warehouse_postgres import LOCK_SQL, PostgresWarehouse, pg_sql, redact
+from core.errors import PublishError, UsageError, WarehouseBusy
+from storage.resources import open_warehouse
+from storage.warehouse.base import Warehouse
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
+from storage.warehouse.postgres_warehouse import LOCK_SQL, PostgresWarehouse, pg_sql, redact
 from tests.storage.conftest import DIM, Backend
 
 DEAD_PG_URL = "postgresql://analyst:s3cr%40t@127.0.0.1:1/test"
@@ -252,8 +254,9 @@ def test_analyst_reads_never_see_a_half_published_run(backend: Backend, tmp_path
 READER = """
 import json, sys, time
 from pathlib import Path
-from nightscore.errors import NightscoreError
-from storage.warehouse import DuckDBWarehouse, open_warehouse
+from core.errors import NightscoreError
+from storage.resources import open_warehouse
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 wh, stop = open_warehouse(sys.argv[1]), Path(sys.argv[2])
 if isinstance(wh, DuckDBWarehouse):  # poll the file as soon as the writer lets go of it
     wh = DuckDBWarehouse(sys.argv[1], lock_retries=1000, lock_backoff_s=0.005)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.backends.base import BackendRequest, BackendUnavailable
-from models.backends.torch_backend import BF16_MIN_GEMM_RATIO, TorchBackend, bf16_gemm_ratio
-from models.st_layout import ModelInfo
+from models.encoder.backends.base import BackendRequest, BackendUnavailable
+from models.encoder.backends.torch_backend import BF16_MIN_GEMM_RATIO, TorchBackend, bf16_gemm_ratio
+from models.encoder.st_layout import ModelInfo
 
 
 def test_the_bf16_ratio_is_measured_once_per_thread_count() -> None:

@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from models.candidates import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
-from models.evaluation import check_gate, metric_value, time_split
-from models.fusion import Fused, TuningGrid
-from models.ranker_features import candidate_features, feature_context, feature_names
-from models.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
-from models.ranker_net import TrainConfig, fit_net
-from models.ranker_training import RankerParams, Rows, rerank, train_lambdarank, train_mlp
-from models.retrieval import ItemChunks
-from models.sources.base import encode_run, history_of
-from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data
-from nightscore.errors import ModelLoadError
+from core.errors import ModelLoadError
+from models.recommender.candidate_stage import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
+from models.recommender.evaluation import check_gate, metric_value, time_split
+from models.recommender.fusion import Fused, TuningGrid
+from models.recommender.ranker_features import candidate_features, feature_context, feature_names
+from models.recommender.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
+from models.recommender.ranker_net import TrainConfig, fit_net
+from models.recommender.ranker_training import RankerParams, Rows, rerank, train_lambdarank, train_mlp
+from models.recommender.retrieval import ItemChunks
+from models.recommender.sources.base import encode_run, history_of
+from nightscore.demo import DEMO_BASE_TIME, generate_demo_data
 from tests.helpers import auc, hashed_text_vectors
 
 NAMES = tuple(f"f{i}" for i in range(4))

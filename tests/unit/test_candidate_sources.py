@@ -9,12 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from models.retrieval import ItemChunks
-from models.sources.als import AlsParams, fit_als
-from models.sources.base import Catalogue, EncodedLog, History, Source, encode_run, history_of, user_item_matrix
-from models.sources.content import fit_content
-from models.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence, user_sequences
-from models.sources.popularity import fit_most_popular, fit_topic_trending, fit_trending, trending_scores
+from models.recommender.retrieval import ItemChunks
+from models.recommender.sources.als import AlsParams, fit_als
+from models.recommender.sources.base import Catalogue, EncodedLog, History, Source, encode_run, history_of, user_item_matrix
+from models.recommender.sources.content import fit_content
+from models.recommender.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence, user_sequences
+from models.recommender.sources.popularity import fit_most_popular, fit_topic_trending, fit_trending, trending_scores
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 WEIGHTS = {"view": 1.0, "click": 2.0, "purchase": 4.0}
@@ -229,7 +229,7 @@ def test_content_user_vectors_equal_todays_formula(co_case: tuple[Catalogue, Enc
     """Summing block by block gives retrieval.user_vectors' vectors (same weights, same normalisation)."""
     import torch
 
-    from models.retrieval import Interactions, user_vectors
+    from models.recommender.retrieval import Interactions, user_vectors
 
     catalogue, _, history = co_case
     vectors = _unit(np.random.default_rng(1).standard_normal((6, 5)).tolist())

@@ -9,8 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.settings import DEFAULT_TOPIC_LABELS
 from data_contracts.inputs import item_text_expr
-from nightscore.demo_data import (
+from nightscore.demo import (
     DEMO_BASE_TIME,
     EVENTS,
     NEW_ITEM_DAYS,
@@ -19,7 +20,6 @@ from nightscore.demo_data import (
     generate_interactions,
     generate_items,
 )
-from nightscore.settings import DEFAULT_TOPIC_LABELS
 
 UTC_US = pl.Datetime("us", "UTC")
 

@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 import pydantic
 import pytest
 
+from core.settings import Settings
 from deployments.definitions import QUEUE_PRIORITIES, deployment_specs
 from deployments.trigger import default_idempotency_key
 from flows.params import BackfillParams, NightlyParams, OnDemandParams
-from nightscore.callback import completion_payload, post_json
-from nightscore.report import cost, summary_markdown, timing_rows
-from nightscore.settings import Settings
+from tasks.callback import completion_payload, post_json
+from tasks.report_page import cost, summary_markdown, timing_rows
 from tests.helpers import published
 
 

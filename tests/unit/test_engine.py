@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.encoder import EncoderSpec, TextEncoder, get_encoder
-from models.engine import EncodeStats, encode_texts
+from models.encoder.engine import EncodeStats, encode_texts
+from models.encoder.loader import get_encoder
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
 
 TEXTS = [
@@ -174,7 +176,7 @@ def test_length_multiple_pads_batches_and_counts_the_padding(tiny: TextEncoder) 
 
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
 def test_pooling_modes_ignore_padding(mode: str) -> None:
-    from models.pooling import pool
+    from models.encoder.pooling import pool
 
     hidden = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])
     mask = torch.tensor([[1, 1, 0]])
@@ -187,7 +189,7 @@ def test_pooling_modes_ignore_padding(mode: str) -> None:
 
 
 def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path: Path) -> None:
-    from models.encoder import spec_version
+    from models.encoder.loader import spec_version
 
     spec = EncoderSpec(kind="tiny", cache_dir=str(tmp_path))
     encoder = get_encoder(spec)
@@ -199,7 +201,7 @@ def test_tiny_stays_torch_fp32_under_auto_even_with_a_cache_folder(tmp_path: Pat
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_numpy_and_torch_pooling_agree_on_random_batches(mode: str, normalize: bool) -> None:
-    from models.pooling import pool
+    from models.encoder.pooling import pool
 
     rng = np.random.default_rng(3)
     hidden = rng.normal(size=(7, 11, 16)).astype(np.float32)
@@ -211,8 +213,9 @@ def test_numpy_and_torch_pooling_agree_on_random_batches(mode: str, normalize: b
 
 
 def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_float() -> None:
-    from models.calibration import Mode, Trial, choose
-    from models.precision import Fidelity
+    from models.encoder.calibration import Trial, choose
+    from models.encoder.precision import Fidelity
+    from models.encoder.spec import Mode
 
     def trial(backend: str, precision: str, budget: int, multiple: int, speed: float, cos: float) -> Trial:
         floor = 0.99 if precision == "int8" else 0.999
@@ -227,7 +230,7 @@ def test_calibration_choice_fastest_wins_but_a_tie_goes_to_less_padding_then_flo
 
 
 def test_a_length_multiple_is_tried_only_where_its_rounding_keeps_padding_at_the_floor() -> None:
-    from models.calibration import multiple_padding, shape_multiples
+    from models.encoder.calibration import multiple_padding, shape_multiples
 
     short = [3, 17, 20, 33, 40, 9]  # rounding to 16 computes 192 slots for 122 tokens
     assert multiple_padding(short, 16) == pytest.approx(122 / 192)
@@ -260,7 +263,8 @@ class _Slowed:
 
 
 def test_screening_drops_a_candidate_far_slower_on_one_batch_before_its_corpus_passes(tiny: TextEncoder) -> None:
-    from models.calibration import SCREEN, Mode, Trial, _screen
+    from models.encoder.calibration import SCREEN, Trial, _screen
+    from models.encoder.spec import Mode
 
     slow = TextEncoder(tiny.info, tiny.tokenizer, _Slowed(tiny.backend, 9.0, 0.1), tiny.device, 256)  # type: ignore[arg-type]
     fast_trial, slow_trial = Trial(Mode("torch", "fp32", 256), 0.999), Trial(Mode("slowed", "fp32", 256), 0.999)
@@ -275,7 +279,8 @@ def test_screening_drops_a_candidate_far_slower_on_one_batch_before_its_corpus_p
 
 
 def test_a_trial_far_behind_after_one_corpus_pass_is_not_timed_again(tiny: TextEncoder) -> None:
-    from models.calibration import KEEP, REPEATS, Mode, Trial, _time_trials
+    from models.encoder.calibration import KEEP, REPEATS, Trial, _time_trials
+    from models.encoder.spec import Mode
 
     slowed = _Slowed(tiny.backend, 3.0, 0.0)  # a quarter of the speed: far under KEEP of the best
     slow = TextEncoder(tiny.info, tiny.tokenizer, slowed, tiny.device, 256)  # type: ignore[arg-type]

@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from models.evaluation import Split, check_gate, metric_rows, metrics_of, time_split
-from models.fusion import FusionParams, TuningGrid, fuse, tune_fusion
-from models.sources.base import EncodedLog, Lists
-from nightscore.errors import ContractViolation
+from core.errors import ContractViolation
+from models.recommender.evaluation import Split, check_gate, metric_rows, metrics_of, time_split
+from models.recommender.fusion import FusionParams, TuningGrid, fuse, tune_fusion
+from models.recommender.sources.base import EncodedLog, Lists
 
 
 def _lists(rows: list[list[int]]) -> Lists:
@@ -165,7 +165,7 @@ def test_gate_passes_and_fails_naming_both_figures() -> None:
 
 def test_tuning_score_equals_the_evaluation_metrics() -> None:
     """The tuner's fast recall (labels on union entries) must equal metrics_of on the selected lists."""
-    from models.fusion import _labels, _score, select, union_of
+    from models.recommender.fusion import _labels, _score, select, union_of
 
     rng = np.random.default_rng(0)
     lists = {name: _lists([rng.choice(40, 8, replace=False).tolist() for _ in range(30)]) for name in ("A", "B", "C")}
@@ -187,7 +187,7 @@ def test_tuning_score_equals_the_evaluation_metrics() -> None:
 
 def test_select_slots_by_score_with_the_new_item_quota() -> None:
     """Scores 0.9 (old), 0.8 (old), 0.1 (new), 0.5 (old); K 2, quota 0.5: the new item takes one slot."""
-    from models.fusion import select_slots
+    from models.recommender.fusion import select_slots
 
     rows = np.array([[10, 11, 12, 13, -1]])
     scores = np.array([[0.9, 0.8, 0.1, 0.5, 7.0]], dtype=np.float32)  # the empty slot's score is ignored
@@ -199,7 +199,7 @@ def test_select_slots_by_score_with_the_new_item_quota() -> None:
 
 
 def test_whole_union_keeps_zero_weight_lists_and_take_carries_every_column() -> None:
-    from models.fusion import whole_union
+    from models.recommender.fusion import whole_union
 
     union = whole_union(
         {"L1": _lists([[1, 2]]), "L2": _lists([[3, -1]])}, FusionParams({"L1": 1.0, "L2": 0.0}, rrf_k=0.0, new_quota=0.0, k=2)

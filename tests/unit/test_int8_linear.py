@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.backends.base import BackendRequest, BackendUnavailable
-from models.backends.int8 import Int8Linear, gemm_kernel
-from models.backends.torch_backend import TorchBackend
-from models.st_layout import ModelInfo
+from models.encoder.backends.base import BackendRequest, BackendUnavailable
+from models.encoder.backends.int8 import Int8Linear, gemm_kernel
+from models.encoder.backends.torch_backend import TorchBackend
+from models.encoder.st_layout import ModelInfo
 
 
 def _layer(inner: int, out: int) -> tuple[torch.nn.Linear, torch.Tensor]:

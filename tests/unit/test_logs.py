@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from nightscore.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
-from nightscore.logs import OneLine, RunNameFilter, run_formatter
+from core.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
+from core.logs import OneLine, RunNameFilter, run_formatter
 
 FORMAT = "%(name)s%(run)s: %(message)s"
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.planning import assign_shards, bucket_of, length_order, padded_tokens, plan_batches
+from models.encoder.batching import assign_shards, bucket_of, length_order, padded_tokens, plan_batches
 
 BOUNDARIES = [32, 64, 128, 256]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.retrieval import Interactions, top_k_items, user_vectors
+from models.recommender.retrieval import Interactions, top_k_items, user_vectors
 
 
 def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:

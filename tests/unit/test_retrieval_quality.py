@@ -8,15 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from models.retrieval_quality import (
-    evaluate_retrieval,
-    hit_matrix,
-    ndcg_at_k,
-    recall_at_k,
-    run_weights,
-    split_last,
-)
-from nightscore.demo_data import DEMO_BASE_TIME, generate_demo_data, topics
+from models.recommender.retrieval_quality import evaluate_retrieval, hit_matrix, ndcg_at_k, recall_at_k, run_weights, split_last
+from nightscore.demo import DEMO_BASE_TIME, generate_demo_data, topics
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 

@@ -8,12 +8,12 @@ import re
 import time
 from pathlib import Path
 
+from core.settings import Settings
 from deployments.trigger import default_idempotency_key, inputs_identity
 from flows.params import OnDemandParams
 from nightscore.output import summary_text
-from nightscore.report import summary_markdown
-from nightscore.settings import Settings
 from storage.lake import Lake
+from tasks.report_page import summary_markdown
 from tests.helpers import published
 
 REUSE_ONLY = {

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 
-from models.sources.cooccurrence import CooccurrenceSource, neighbour_frame
+from models.recommender.sources.cooccurrence import CooccurrenceSource, neighbour_frame
 from serving.boost import boost_scores, neighbours_from_frame
 
 ITEMS = pl.Series("item_id", ["a", "b", "c", "d"])

@@ -12,7 +12,7 @@ import pytest
 
 from data_contracts.outputs import item_score_failures
 from storage.lake import Lake
-from storage.warehouse import DuckDBWarehouse
+from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 from tasks import score as scoring
 from tasks.score import RangeSpill, range_bounds
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.sources.base import top_n_entries, top_n_per_row
+from models.recommender.sources.base import top_n_entries, top_n_per_row
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

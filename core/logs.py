@@ -1,0 +1,115 @@
+"""Logging of nightscore's commands and flow runs: one line per failure on the console, tracebacks in a file.
+
+Expected failures (core.errors.EXPECTED: a contract violation, bad usage, an interruption) are shown
+as their one-line message everywhere, the Prefect UI included. Unexpected ones show one line on the
+console too; their full traceback goes to the command's log file (and to the console with --verbose,
+and to the Prefect UI, where a developer reads it).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from core.errors import is_expected
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s%(run)s: %(message)s"
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+def run_formatter() -> logging.Formatter:
+    """Return the FORMAT formatter; ``run`` defaults to "" where no RunNameFilter set it (a handler without one)."""
+    return logging.Formatter(FORMAT, defaults={"run": ""})
+
+
+NOISY = ("httpx", "urllib3", "filelock", "great_expectations")
+
+
+class RunNameFilter(logging.Filter):
+    """Adds ``record.run`` (" [task run name]" or " [flow run name]" from Prefect's run loggers, else "")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return True (keep every record) after setting its ``run`` field."""
+        name = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+        record.run = f" [{name}]" if name else ""
+        return True
+
+
+class OneLine(logging.Formatter):
+    """Wraps a handler's formatter so a record renders without its traceback (all, or expected failures only).
+
+    The record itself is never changed: other handlers (the log file) still see the traceback.
+    """
+
+    def __init__(self, inner: logging.Formatter | None, expected_only: bool) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()  # a handler without a formatter formats the message only
+        self.expected_only = expected_only
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the record's text; its traceback is left out unless it is kept for this handler."""
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or (self.expected_only and not is_expected(error)):
+            return self.inner.format(record)
+        # a copy: other handlers may format the same record at the same time in their own threads (Prefect's API log
+        # worker does), so it is never changed, not even for a moment
+        bare = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None, "stack_info": None})
+        return self.inner.format(bare)
+
+
+def log_file_path(logs_dir: Path, command: str) -> Path:
+    """Return a fresh log file path for one command: <logs>/<UTC time>-<command>.log."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return logs_dir / f"{stamp}-{command}.log"
+
+
+def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
+    """Send logs to stderr at INFO (DEBUG when verbose) with one line per failure, and everything to log_file.
+
+    Call it after Prefect is imported (Prefect installs its own console handler at import): every console
+    handler of the root logger then loses tracebacks unless verbose; the Prefect API handlers lose those
+    of expected failures only.
+    """
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler())
+    for handler in root.handlers:
+        _console(handler, verbose)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        for old in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+            root.removeHandler(old)  # one log file per command (tests run many commands in one process)
+            old.close()
+        file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=True)  # no file until a record comes
+        file_handler.setFormatter(run_formatter())
+        file_handler.addFilter(RunNameFilter())
+        root.addHandler(file_handler)
+    for name in RUN_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if not isinstance(handler.formatter, OneLine):
+                handler.setFormatter(OneLine(handler.formatter, expected_only=True))
+    for noisy in NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def to_log_file(message: str, exc: BaseException, logger: str = "nightscore") -> bool:
+    """Write an error and its full traceback to the log file(s) only, not the console; return whether a file got it."""
+    record = logging.LogRecord(logger, logging.ERROR, __file__, 0, message, None, (type(exc), exc, exc.__traceback__))
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for handler in files:
+        handler.handle(record)
+    return bool(files)
+
+
+def _console(handler: logging.Handler, verbose: bool) -> None:
+    """Make a console handler name the Prefect run of each record, at INFO, with tracebacks only when verbose."""
+    if isinstance(handler, logging.FileHandler):
+        return
+    handler.addFilter(RunNameFilter())
+    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if handler.formatter is None:
+        handler.setFormatter(run_formatter())
+    if not verbose and not isinstance(handler.formatter, OneLine):
+        handler.setFormatter(OneLine(handler.formatter, expected_only=False))

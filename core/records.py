@@ -1,0 +1,322 @@
+"""What each node of the scoring DAG hands the next: small frozen records of URIs, counts and timings.
+
+Field names are the contract between tasks; no frame and no ``dict[str, object]`` crosses a task boundary.
+The big data stays in the run's folder of the lake, named by the URIs these records carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from core.run_context import RunContext
+from core.settings import Settings
+from models.encoder.spec import EncoderSpec
+
+
+@dataclass(frozen=True)
+class RunRef(RunContext):
+    """A run's identity and lake folder, with the settings it resolved once at its start (handed to every task)."""
+
+    settings: Settings = field(repr=False, compare=False)
+    embedding_dim: int
+
+    def context(self) -> RunContext:
+        """Return the run's identity alone (what run.json in its folder holds)."""
+        return RunContext(**{f.name: getattr(self, f.name) for f in fields(RunContext)})
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """The run's typed snapshot of its inputs (ingest/items.parquet, ingest/interactions.parquet)."""
+
+    items_uri: str
+    interactions_uri: str
+    items_in: int
+    interactions_in: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Validated:
+    """Inputs that passed their row contracts and dataset suites, and what was quarantined."""
+
+    items_uri: str
+    interactions_uri: str
+    quarantine_uri: str
+    rows_in: int
+    rows_quarantined: int
+    interactions_in: int
+    interactions_quarantined: int
+    users: int
+    data_docs: dict[str, str]
+    suite_versions: dict[str, str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EngineMode:
+    """The inference mode a run encodes in: chosen by calibration (auto) or pinned, its fidelity and speed."""
+
+    backend: str
+    precision: str
+    token_budget: int
+    runtime: str
+    fidelity_min: float
+    fidelity_p1: float
+    fidelity_mean: float
+    calibrated: bool  # auto chose the mode by measurement on this kind of machine
+    device_kind: str | None = None
+    calibrated_tokens_per_s: float | None = None
+    calibration_from_cache: bool | None = None  # read from an earlier calibration on this kind of machine
+    calibration_file: str | None = None  # holds every candidate auto measured (the run's artifact shows them)
+    streams: int = 1  # batches run at once (OpenVINO CPU streams)
+
+    @property
+    def label(self) -> str:
+        """Return backend/precision@budget and /sN for N streams, e.g. openvino/int8@1024/s2."""
+        return f"{self.backend}/{self.precision}@{self.token_budget}" + (f"/s{self.streams}" if self.streams > 1 else "")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's shard plan (plan.parquet) and the vectors it reuses from the latest publication (reused.parquet).
+
+    ``spec`` is the encoder spec with auto's choice pinned: every shard, local or on Ray, encodes in that mode.
+    """
+
+    spec: EncoderSpec
+    engine: EngineMode
+    plan_uri: str
+    reused_uri: str
+    shards: tuple[int, ...]
+    items: int
+    rows_reused: int
+    rows_computed: int
+    model_version: str
+    truncated: int
+    real_tokens: int
+    seconds: float
+    progress_artifact: str | None = None
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """One encoded shard (shards/shard-NNNNN-<key>.parquet) and what encoding it did (nothing when reused)."""
+
+    shard: int
+    uri: str
+    device: str
+    model_version: str
+    texts: int
+    real_tokens: int
+    padded_tokens: int
+    truncated: int
+    batches: int
+    oom_splits: int
+    seconds: float
+    load_seconds: float
+    reused: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the record as the shard's .done marker stores it."""
+        return asdict(self)
+
+    @classmethod
+    def from_marker(cls, marker: dict[str, Any]) -> ShardResult:
+        """Return a done shard from its marker, as reused: nothing was encoded for it in this attempt."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in marker.items() if k in known}, "reused": True, "seconds": 0.0})
+
+
+@dataclass(frozen=True)
+class EncodeTotals:
+    """The run's encoding summed over the shards computed now (checkpoints and reused vectors counted apart)."""
+
+    texts: int
+    real_tokens: int
+    padded_tokens: int
+    truncated: int
+    batches: int
+    oom_splits: int
+    seconds: float
+    shards: int
+    shards_reused: int
+    device: str
+    model_version: str
+    rows_reused: int
+    rows_computed: int
+    load_seconds: float
+    engine: EngineMode
+
+    @property
+    def padding_efficiency(self) -> float | None:
+        """Return real / padded tokens of what was encoded now, or None when nothing was."""
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else None
+
+    @property
+    def texts_per_s(self) -> float | None:
+        """Return encode throughput of this run, or None when nothing was encoded."""
+        return self.texts / self.seconds if self.texts and self.seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """item_scores.parquet: every valid item's embedding with its zero-shot topic."""
+
+    uri: str
+    rows_scored: int
+    missing: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MethodQuality:
+    """One retrieval method's figures on the held-out interactions (a row group of retrieval_metrics)."""
+
+    method: str
+    recall_at_k: float | None
+    ndcg_at_10: float | None
+    cold_recall_at_k: float | None
+    coverage_at_k: float | None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """user_candidates.parquet and the retrieval quality measured on held-out interactions."""
+
+    uri: str
+    users_with_candidates: int
+    candidates: int
+    recall_at_k: float | None
+    ndcg_at_10: float | None
+    popularity_recall_at_k: float | None
+    popularity_ndcg_at_10: float | None
+    quality_users: int
+    seconds: float
+    entries_uri: str = ""  # candidate_entries.parquet: one cache entry (ids + feature rows) per user
+    metrics_uri: str = ""  # retrieval_metrics.parquet: every method's held-out figures
+    cold_recall_at_k: float | None = None
+    ranker_kind: str = "none"
+    ranker_version: str | None = None
+    quality: tuple[MethodQuality, ...] = ()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outputs passed their row contracts and dataset suites."""
+
+    checked_rows: int
+    data_docs: dict[str, str]
+    suite_versions: dict[str, str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The run's cache version, written but not yet visible, and the pointer it will replace."""
+
+    cache_entries: int
+    old_pointer: str | None
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every node's result of one run, as publication and the report read them."""
+
+    ingested: Ingested
+    validated: Validated
+    plan: Plan
+    encoded: EncodeTotals
+    scored: Scored
+    candidates: Candidates
+    checked: Checked
+
+    def seconds(self) -> dict[str, float]:
+        """Return each stage's seconds, in DAG order."""
+        return {name: round(float(getattr(self, attr).seconds), 3) for name, attr in STAGE_NAMES.items()}
+
+
+STAGE_NAMES = {
+    "ingest": "ingested",
+    "validate": "validated",
+    "plan": "plan",
+    "encode": "encoded",
+    "score": "scored",
+    "candidates": "candidates",
+    "validate_outputs": "checked",
+}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run's scoring_runs row (storage/warehouse/schema.py RUN_COLUMNS holds the same names)."""
+
+    run_id: str
+    flow_run_id: str | None
+    flow_name: str
+    run_date: str
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    rows_in: int
+    rows_quarantined: int
+    rows_scored: int
+    rows_reused: int
+    rows_computed: int
+    shards_reused: int
+    interactions_in: int
+    interactions_quarantined: int
+    users_with_candidates: int
+    recall_at_k: float | None
+    ndcg_at_10: float | None
+    popularity_recall_at_k: float | None
+    popularity_ndcg_at_10: float | None
+    real_tokens: int
+    padded_tokens: int
+    padding_efficiency: float | None
+    truncated_texts: int
+    texts_per_s: float | None
+    wall_seconds: float
+    device: str
+    model_version: str
+    contract_versions: str
+    stage_seconds: str  # JSON: stage -> seconds
+    data_docs: str  # JSON: dataset -> Data Docs index.html
+    backend: str | None = None
+    precision: str | None = None
+    token_budget: int | None = None
+    engine_runtime: str | None = None
+    fidelity_min: float | None = None
+    fidelity_p1: float | None = None
+    calibration_device_kind: str | None = None
+    calibrated_tokens_per_s: float | None = None
+    calibration_from_cache: bool | None = None
+    cold_recall_at_k: float | None = None
+    ranker_kind: str | None = None
+    ranker_version: str | None = None
+    published_at: datetime | None = None
+    message: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        """Return the row as column -> value for the warehouse adapter."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published run: its scoring_runs row as recorded, and what publication wrote."""
+
+    record: RunRecord
+    data_docs: dict[str, str]
+    stage_seconds: dict[str, float]
+    shards: int
+    cache_entries: int
+    serving_features: int = 0
+    quality: tuple[MethodQuality, ...] = ()  # every retrieval method on the held-out interactions
+
+    @property
+    def run_id(self) -> str:
+        """Return the published run's id."""
+        return self.record.run_id

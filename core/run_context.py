@@ -1,0 +1,62 @@
+"""Identity and lake layout of one scoring run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+from core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A run's id, date, inputs and folder in the lake; small and JSON-able so tasks can pass it."""
+
+    run_id: str
+    flow_name: str
+    run_date: str  # YYYY-MM-DD
+    items_uri: str
+    interactions_uri: str
+    run_root: str  # <lake>/runs/<run_date>/<run_id>
+    started_at: str  # ISO-8601 UTC
+
+    def path(self, name: str) -> str:
+        """Return the URI of a file in the run's folder."""
+        return f"{self.run_root}/{name}"
+
+    @property
+    def date(self) -> date:
+        """Return run_date as a date."""
+        return date.fromisoformat(self.run_date)
+
+    @property
+    def reference_time(self) -> datetime:
+        """Return the end of the run date (UTC): interactions are aged from here."""
+        return datetime.combine(self.date + timedelta(days=1), time(), tzinfo=UTC)
+
+    def as_dict(self) -> dict[str, str]:
+        """Return the context as a plain dict."""
+        return asdict(self)
+
+
+def parse_run_date(value: str | date | None, today: date) -> str:
+    """Return a valid YYYY-MM-DD run date (today when value is None); bad input raises UsageError."""
+    if value is None:
+        return today.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    try:
+        return date.fromisoformat(value).isoformat()
+    except ValueError as exc:
+        raise UsageError(f"run date {value!r} is not a YYYY-MM-DD date") from exc
+
+
+def make_run_id(flow_name: str, run_date: str, unique: str) -> str:
+    """Return a run id: <flow>-<run_date>-<8 hex chars of a unique token>."""
+    return f"{flow_name}-{run_date}-{unique.replace('-', '')[:8]}"
+
+
+def run_folder(lake_uri: Callable[..., str], run_date: str, run_id: str) -> str:
+    """Return the lake folder of a run: <lake>/runs/<run_date>/<run_id> (lake_uri is Lake.uri)."""
+    return lake_uri("runs", run_date, run_id)

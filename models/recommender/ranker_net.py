@@ -1,0 +1,57 @@
+"""The stage-two MLP in torch, for training only (serving runs its numpy twin, models/recommender/ranker_models.py MlpScorer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+class RankerNet(torch.nn.Module):
+    """Standardised features -> two hidden ReLU layers -> one logit."""
+
+    def __init__(self, n_features: int, hidden: int, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(n_features) if mean is None else mean.float())
+        self.register_buffer("std", torch.ones(n_features) if std is None else std.float())
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(n_features, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return one logit per row."""
+        mean, std = self.get_buffer("mean"), self.get_buffer("std")
+        return torch.as_tensor(self.mlp((x - mean) / std)).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of the MLP's training."""
+
+    hidden: int = 32
+    epochs: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-2
+    seed: int = 0
+
+
+def fit_net(x: np.ndarray, y: np.ndarray, config: TrainConfig) -> RankerNet:
+    """Return a RankerNet fitted with Adam on binary cross-entropy; deterministic for a seed and thread count."""
+    features, labels = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.float32))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        net = RankerNet(x.shape[1], config.hidden, features.mean(0), features.std(0).clamp(min=1e-6))
+    optimiser = torch.optim.Adam(net.parameters(), lr=config.learning_rate)
+    loss_fn, order_rng = torch.nn.BCEWithLogitsLoss(), np.random.default_rng(config.seed)
+    for _ in range(config.epochs):
+        for batch in np.array_split(order_rng.permutation(len(x)), max(1, len(x) // config.batch_size)):
+            index = torch.from_numpy(batch)
+            optimiser.zero_grad()
+            loss_fn(net(features[index]), labels[index]).backward()
+            optimiser.step()
+    return net.eval()

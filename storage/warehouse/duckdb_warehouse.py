@@ -1,0 +1,232 @@
+"""The DuckDB warehouse (the embedded default): one file, a connection held only while used."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from core.errors import NightscoreError, PublishError, QueryRefused, WarehouseBusy, WarehouseMissing
+from storage.warehouse.base import QueryResult, Rows, _line, present_columns
+from storage.warehouse.duckdb_gate import GATE, config_key
+from storage.warehouse.schema import (
+    ddl,
+    object_names,
+)
+from storage.warehouse.sql import SqlWarehouse
+
+log = logging.getLogger(__name__)
+
+
+DUCKDB_MEMORY_LIMIT = "512MB"  # buffer pool of a write transaction; more spills to disk
+
+
+class DuckDBSession:
+    """A write transaction on a DuckDB connection (the process holds the file's one write lock)."""
+
+    row_lock = ""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Execute one statement; return its rows."""
+        return self.con.execute(sql, list(params)).fetchall()
+
+    def insert(self, table: str, rows: Rows, columns: list[str]) -> None:
+        """Append rows from Arrow (DuckDB reads the registered table in place, or the stream batch by batch)."""
+        columns = present_columns(rows, columns)
+        self.con.register("_incoming", rows.select(columns) if isinstance(rows, pa.Table) else rows)
+        try:
+            self.con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
+        finally:
+            self.con.unregister("_incoming")
+
+
+# The analysts' DuckDB connection: no file, network or extension access beyond the warehouse file itself
+# (COPY, EXPORT, ATTACH, read_csv/read_text/glob and INSTALL are refused by DuckDB), settings frozen.
+ANALYST_DUCKDB_CONFIG: dict[str, str | bool] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_unsigned_extensions": False,
+    "lock_configuration": True,
+}
+
+
+class DuckDBWarehouse(SqlWarehouse):
+    """A DuckDB file; a connection is held only while it is used, with a bounded wait on another process's lock.
+
+    ``lock_timeout_s`` bounds the wait in seconds (retries with exponential backoff until then); without it,
+    ``lock_retries`` attempts are made.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        embedding_dim: int | None = None,
+        lock_retries: int = 8,
+        lock_backoff_s: float = 0.25,
+        memory_limit: str = DUCKDB_MEMORY_LIMIT,
+        lock_timeout_s: float | None = None,
+    ) -> None:
+        self.path = path
+        self.memory_limit = memory_limit
+        self.embedding_dim = embedding_dim
+        self.lock_retries, self.lock_backoff_s, self.lock_timeout_s = lock_retries, lock_backoff_s, lock_timeout_s
+
+    @contextmanager
+    def _transaction(self) -> Iterator[DuckDBSession]:
+        if self.embedding_dim is None and not Path(self.path).exists():
+            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with self._connection(read_only=False) as con:
+            # DuckDB keeps a transaction's new rows in its buffer pool (default: 80% of RAM); a cap makes a big
+            # publication spill to <file>.tmp instead of holding every embedding of the run in memory.
+            con.execute(f"SET memory_limit = '{self.memory_limit}'")
+            self._ensure_tables(con)
+            con.execute("BEGIN")
+            try:
+                yield DuckDBSession(con)
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    @contextmanager
+    def _connection(self, read_only: bool, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection, closed after; this process's connections of another configuration are waited for."""
+        config = config or {}
+        with GATE.holding(self.path, config_key(read_only, config), self._wait_bound_s()):
+            con = self._connect_with_retry(read_only, config)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _wait_bound_s(self) -> float:
+        """Return how long a connection waits for the file in all (lock_timeout_s, or the retries' backoff)."""
+        if self.lock_timeout_s is not None:
+            return self.lock_timeout_s
+        return sum(min(5.0, self.lock_backoff_s * 2**attempt) for attempt in range(self.lock_retries))
+
+    def _ensure_tables(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create missing tables and views (with the embedding width this adapter was opened with), or require them."""
+        if self.embedding_dim is not None:
+            with GATE.schema_lock(self.path):  # two threads replacing one view at once conflict
+                for statement in ddl(self.embedding_dim, "duckdb"):
+                    con.execute(statement)
+            self._check_width(con, self.embedding_dim)
+        elif _missing_duckdb_objects(con):
+            raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
+
+    def _check_width(self, con: duckdb.DuckDBPyConnection, width: int) -> None:
+        """Refuse a run whose embeddings do not fit the warehouse's item_scores.embedding column."""
+        row = con.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = 'item_scores' AND column_name = 'embedding'"
+        ).fetchone()
+        declared = re.search(r"\[(\d+)\]", row[0]) if row else None
+        if declared and int(declared.group(1)) != width:
+            raise PublishError(
+                f"warehouse {self.path} holds {declared.group(1)}-wide embeddings and this run's model makes "
+                f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)"
+            )
+
+    def _connect_with_retry(self, read_only: bool, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
+        """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
+
+        A lock still held at the end of the bounded wait raises WarehouseBusy (a PublishError), never
+        WarehouseMissing: a locked warehouse is not "no warehouse yet".
+        """
+        stop = (
+            stop_after_delay(self.lock_timeout_s)
+            if self.lock_timeout_s is not None
+            else stop_after_attempt(self.lock_retries + 1)
+        )
+        retrying = Retrying(
+            retry=retry_if_exception(_is_lock_error),
+            stop=stop,
+            wait=wait_exponential(multiplier=self.lock_backoff_s, max=5.0),
+            reraise=True,
+            before_sleep=lambda state: log.warning("warehouse %s locked (attempt %d), retrying", self.path, state.attempt_number),
+        )
+        started = time.monotonic()
+        try:
+            return retrying(duckdb.connect, self.path, read_only=read_only, config=config or {})
+        except duckdb.IOException as exc:
+            if not _is_lock_error(exc):
+                raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
+            raise WarehouseBusy(
+                f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): {_line(exc)}"
+            ) from exc
+
+    @contextmanager
+    def _reading(self, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
+        if not Path(self.path).exists():
+            raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
+        with self._connection(read_only=True, config=config) as con:
+            if _missing_duckdb_objects(con):
+                raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
+            yield con
+
+    def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
+        """Run SQL on a read-only connection (waiting for a writer's lock) and return its result."""
+        with self._reading() as con:
+            cursor = con.execute(sql, params or [])
+            columns = [d[0] for d in cursor.description or []]
+            return QueryResult(columns, cursor.fetchall())
+
+    def analyst_query(self, sql: str) -> QueryResult:
+        """Run one analyst SELECT on a sandboxed read-only connection (ANALYST_DUCKDB_CONFIG); QueryRefused otherwise."""
+        with self._reading(ANALYST_DUCKDB_CONFIG) as con:
+            try:
+                _check_analyst_sql(con, sql)
+                cursor = con.execute(sql)
+                columns = [d[0] for d in cursor.description or []]
+                return QueryResult(columns, cursor.fetchall())
+            except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
+                raise QueryRefused(f"query refused: {_line(exc)}") from exc
+            except duckdb.Error as exc:
+                raise QueryRefused(f"query failed: {_line(exc)}") from exc
+
+
+def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Raise QueryRefused unless sql is one SELECT whose tables are the warehouse's (or DuckDB's catalog) own."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryRefused(f"query failed: {_line(exc)}") from exc
+    if len(statements) != 1:
+        raise QueryRefused(f"query refused: give exactly one statement, got {len(statements)}")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryRefused(
+            f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, got {statements[0].type.name}"
+        )
+    known = {
+        str(row[0])
+        for row in con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()
+    }
+    foreign = sorted(name for name in con.get_table_names(sql) if name not in known)
+    if foreign:
+        raise QueryRefused(f"query refused: {', '.join(foreign)} is not a warehouse table or view")
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
+def _missing_duckdb_objects(con: duckdb.DuckDBPyConnection) -> int:
+    """Return how many of the warehouse's tables and views the DuckDB file lacks."""
+    names = object_names("duckdb")
+    marks = ", ".join("?" for _ in names)
+    row = con.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name IN ({marks})", names).fetchone()
+    return len(names) - int(row[0]) if row else len(names)
