@@ -1,7 +1,7 @@
 """Memory benchmark of the nightly run: wall time and peak RSS at two item counts (issue #9).
 
 Each size gets its own home folder and synthetic inputs, then one ``nightscore run nightly`` subprocess
-with the tiny encoder on CPU, so the data path (ingest, contracts, planning, candidates, publish) is
+with the tiny random encoder (tests/tiny_model.py, torch fp32) on CPU, so the data path (ingest, contracts, planning, candidates, publish) is
 measured rather than the model. Inputs (fast, vectorised, seeded; not the demo generator):
 
 - items: ``item-NNNNNNN``, a 3-word title and an 8-word body drawn from one topic's vocabulary plus
@@ -48,6 +48,7 @@ import functools
 import operator
 
 from nightscore.demo import COMMON_WORDS, TOPIC_WORDS
+from tests.tiny_model import write_tiny_model
 
 log = logging.getLogger("bench")
 RUN_DATE = "2026-11-01"
@@ -201,7 +202,9 @@ def run_once(n_items: int, users: int, root: Path, shard_size: int, repo: Path, 
     synthetic_interactions(n_items, users).write_parquet(inter_uri)
     env = {
         **os.environ,
-        "NIGHTSCORE_ENCODER": "tiny",
+        "NIGHTSCORE_MODEL": str(write_tiny_model(root / "tiny-bert-random")),
+        "NIGHTSCORE_BACKEND": "torch",
+        "NIGHTSCORE_PRECISION": "fp32",
         "NIGHTSCORE_DEVICE": "cpu",
         "NIGHTSCORE_TOKEN_BUDGET": "8192",
         "NIGHTSCORE_SHARD_SIZE": str(shard_size),

@@ -8,7 +8,7 @@ runs twice in one Ray session: the first pass ("cold") pays worker/actor start a
 the second ("warm") shows what is left. Ray's own start and the Prefect server's are timed apart.
 Prints one table. Usage:
 
-    python benchmarks/ray_encode.py [--encoder minilm|tiny] [--n 2000] [--shard-size 256] [--ray-cpus 2]
+    python benchmarks/ray_encode.py [--model-dir DIR] [--n 2000] [--shard-size 256] [--ray-cpus 2]
 
 Prefect-on-Ray runs a minimal flow with nightscore's task runner (tasks/runner.py) against a Prefect
 server this script starts on loopback; Ray Data runs one actor per CPU slot holding the encoder.
@@ -72,11 +72,11 @@ def load_texts(n: int) -> list[str]:
 def make_work(args: argparse.Namespace) -> Work:
     """Return the texts cut into the flow's length-bucketed shards."""
     texts = load_texts(args.n)
-    tokenizer = load_tokenizer(256)
+    tokenizer = load_tokenizer(args.model_dir)
     lengths = np.array([min(len(e.ids), 256) for e in tokenizer.encode_batch(texts)])
     _, shard_of = assign_shards(lengths, BUCKETS, args.shard_size)
     shards = [np.flatnonzero(shard_of == s) for s in np.unique(shard_of)]
-    return Work(texts, shards, EncoderSpec(args.encoder, "cpu", "fp32", 256, args.threads), 2048)
+    return Work(texts, shards, EncoderSpec(args.model_dir, "cpu", "fp32", "torch", 256, args.threads), 2048)
 
 
 def timed_twice(run: Callable[[], np.ndarray]) -> Timing:
@@ -149,7 +149,7 @@ class BatchEncoder:
 
 def planned_batches(work: Work) -> list[dict[str, Any]]:
     """Return the engine's token-budget batches of every shard, as Ray Data rows (row ids and texts)."""
-    tokenizer = load_tokenizer(work.spec.max_seq_length)
+    tokenizer = load_tokenizer(work.spec.model_path)
     items = []
     for rows in work.shards:
         lengths = np.array(
@@ -254,7 +254,7 @@ def render(results: dict[str, Timing], texts: int) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Return the command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--encoder", choices=["minilm", "tiny"], default="minilm")
+    parser.add_argument("--model-dir", default=None, help="An ST-layout model folder (default: the packaged all-MiniLM-L6-v2).")
     parser.add_argument("--n", type=int, default=2000, help="number of demo texts")
     parser.add_argument("--shard-size", type=int, default=256, help="rows per shard (the flow's NIGHTSCORE_SHARD_SIZE)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of the local run")
@@ -285,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp)) as (url, server_s), ray_session(args, url) as ray_s:
         results = measure(args, work, Path(tmp))
     results = {"local" if k.startswith("local") else k: v for k, v in results.items()}
+    model = args.model_dir or "all-MiniLM-L6-v2"
     print(
-        f"{len(work.texts)} texts, encoder {args.encoder}, {len(work.shards)} shards of <= {args.shard_size}, "
+        f"{len(work.texts)} texts, model {model}, {len(work.shards)} shards of <= {args.shard_size}, "
         f"local: 1 process x {args.threads} threads; ray: {args.ray_cpus} CPUs, {args.task_threads} thread(s) per task/actor"
     )
     print(

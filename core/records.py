@@ -12,7 +12,6 @@ from typing import Any
 
 from core.run_context import RunContext
 from core.settings import Settings
-from models.encoder.spec import EncoderSpec
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,7 @@ class EngineMode:
     calibration_from_cache: bool | None = None  # read from an earlier calibration on this kind of machine
     calibration_file: str | None = None  # holds every candidate auto measured (the run's artifact shows them)
     streams: int = 1  # batches run at once (OpenVINO CPU streams)
+    length_multiple: int = 1  # batch lengths rounded up to a multiple (a runtime's kernels)
 
     @property
     def label(self) -> str:
@@ -83,10 +83,9 @@ class EngineMode:
 class Plan:
     """The run's shard plan (plan.parquet) and the vectors it reuses from the latest publication (reused.parquet).
 
-    ``spec`` is the encoder spec with auto's choice pinned: every shard, local or on Ray, encodes in that mode.
+    ``engine`` is the mode auto chose (or the pinned one): every shard, local or on Ray, encodes in that mode.
     """
 
-    spec: EncoderSpec
     engine: EngineMode
     plan_uri: str
     reused_uri: str

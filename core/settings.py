@@ -1,27 +1,34 @@
-"""The one settings object of nightscore: every option, its default, and its NIGHTSCORE_ variable.
+"""The one settings object of nightscore: every option in its group, its default, and its NIGHTSCORE_ variable.
 
-This is the only module that reads or writes the process environment (serving/config.py reads the
-service's own options): `load_settings` reads NIGHTSCORE_* variables, `apply_runtime_defaults` sets the
-switches of the libraries we drive (Prefect, Hugging Face, Great Expectations), and `child_environment`
-builds the environment of the processes we start (workers, servers, Ray workers).
+Options are grouped by what they shape (``settings.lake``, ``.warehouse``, ``.cache``, ``.encoder``, ``.topics``,
+``.candidates``, ``.contracts``, ``.serving``, ``.ops``); each default is written once, here. The environment
+keeps one flat variable per option, ``NIGHTSCORE_<NAME>`` (its name is the field's alias where the group's own
+field name is shorter: ``settings.lake.url`` is ``NIGHTSCORE_LAKE_URL``), and so do keyword arguments:
+``Settings(lake_url=...)`` and ``Settings(lake={"url": ...})`` are the same settings.
 
-A flow run resolves its settings once (`current_settings`, in its first task) and hands them down in its
-run reference; a caller that runs a flow in-process with settings of its own (the CLI's ``--home``) passes
-them with `settings_scope`, never by writing variables.
+This module and `core.environment` are the only ones that read or write the process environment. A flow run
+resolves its settings once (`current_settings`, in its first task) and hands them down in its run reference; a
+caller that runs a flow in-process with settings of its own (the CLI's ``--home``) passes them with
+`settings_scope`, never by writing variables.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+import types
+import typing
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "NIGHTSCORE_"
 
 DEFAULT_TOPIC_LABELS: dict[str, str] = {
     "sports": "sports, athletes, teams, matches and championships",
@@ -40,38 +47,84 @@ SOURCE_NAMES: tuple[SourceName, ...] = ("cooccurrence", "als", "content", "trend
 DEFAULT_EVENT_WEIGHTS: dict[str, float] = {"view": 1.0, "click": 2.0, "purchase": 4.0}
 
 
-class Settings(BaseSettings):
-    """Every nightscore option; each is also read from the environment as NIGHTSCORE_<NAME>."""
+class Group(BaseModel):
+    """A group of options: filled by its own field names or by its flat aliases (the NIGHTSCORE_ names)."""
 
-    model_config = SettingsConfigDict(env_prefix="NIGHTSCORE_", env_nested_delimiter="__", extra="ignore")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", validate_default=True)
 
-    # --- where things live -------------------------------------------------------------------
-    home: Path = Field(Path(".nightscore"), description="Folder of the embedded defaults (lake, DuckDB, cache).")
-    lake_url: str | None = Field(None, description="Lake root: a local path or s3://bucket/prefix. Default <home>/lake.")
-    warehouse_url: str | None = Field(None, description="DuckDB file path. Default <home>/warehouse.duckdb.")
-    cache_url: str | None = Field(
-        None, description="Embedded cache file (SQLite) or redis://host:port/db. Default <home>/cache.sqlite."
+
+class LakeSettings(Group):
+    """Where inputs and run folders live: a local folder or an s3:// prefix, and how transport errors are retried."""
+
+    url: str | None = Field(
+        None, alias="lake_url", description="Lake root: a local path or s3://bucket/prefix. Default <home>/lake."
     )
-    cache_prefix: str = Field("nightscore", description="Key prefix of every cache entry.")
-
-    # --- lake on S3 --------------------------------------------------------------------------
-    # Only read when lake_url is s3://...; credentials come from the standard AWS variables
-    # (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the AWS config/profile, never from here.
+    # Only read when the lake is s3://...; credentials come from the standard AWS variables (AWS_ACCESS_KEY_ID,
+    # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the AWS config/profile, never from here.
     s3_endpoint_url: str | None = Field(
         None, description="S3-compatible endpoint of an s3:// lake (MinIO, moto, ...). Default: AWS_ENDPOINT_URL, else AWS."
     )
     s3_region: str | None = Field(None, description="Region of the lake's bucket. Default: AWS_DEFAULT_REGION / the AWS config.")
-
-    # --- cache versions ------------------------------------------------------------------------
-    cache_version_grace_s: float = Field(
-        86_400,
+    retries: int = Field(
+        3,
         ge=0,
-        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once).",
+        alias="lake_retries",
+        description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff.",
+    )
+    retry_backoff_s: float = Field(
+        0.5, ge=0, alias="lake_retry_backoff_s", description="First backoff of the lake retries in seconds (doubles each time)."
     )
 
-    # --- encoder ---------------------------------------------------------------------------
-    encoder: Literal["minilm", "tiny"] = Field(
-        "minilm", description="minilm: the real all-MiniLM-L6-v2; tiny: a random 1-layer model of the same shape (tests)."
+
+class WarehouseSettings(Group):
+    """The warehouse analysts query (DuckDB file or PostgreSQL URL) and how long its locks are waited for."""
+
+    url: str | None = Field(
+        None, alias="warehouse_url", description="DuckDB file path or postgresql:// URL. Default <home>/warehouse.duckdb."
+    )
+    query_url: str | None = Field(
+        None,
+        alias="query_warehouse_url",
+        description="Warehouse URL `nightscore query` connects with; on PostgreSQL a read-only, non-superuser role "
+        "(README, 'Analysts on PostgreSQL'). Default: warehouse_url.",
+    )
+    lock_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        alias="warehouse_lock_timeout_s",
+        description="How long a warehouse operation waits for another process's lock before it fails "
+        "(a locked warehouse is never taken for 'no warehouse yet').",
+    )
+
+
+class CacheSettings(Group):
+    """The candidate cache the online ranker reads: embedded SQLite file or Redis."""
+
+    url: str | None = Field(
+        None, alias="cache_url", description="Embedded cache file (SQLite) or redis://host:port/db. Default <home>/cache.sqlite."
+    )
+    prefix: str = Field("nightscore", alias="cache_prefix", description="Key prefix of every cache entry.")
+    version_grace_s: float = Field(
+        86_400,
+        ge=0,
+        alias="cache_version_grace_s",
+        description="Cache versions older than the previous one expire after this many seconds (0: dropped at once).",
+    )
+    retries: int = Field(
+        2,
+        ge=0,
+        alias="cache_retries",
+        description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff.",
+    )
+
+
+class EncoderSettings(Group):
+    """The sentence encoder and its engine: model, device, backend and precision, batching, `auto`'s calibration."""
+
+    model: str | None = Field(
+        None,
+        description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
+        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA when available.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = Field(
@@ -79,6 +132,11 @@ class Settings(BaseSettings):
         description="auto: chosen with backend and token budget by calibration (persisted per device kind); int8 = "
         "per-channel weights and per-token activations (torch) or static int8 with the lossiest layer roles kept float "
         "(OpenVINO); a pinned mode under its fidelity floor is refused.",
+    )
+    backend: Literal["auto", "torch", "openvino", "onnxruntime"] = Field(
+        "auto",
+        description="auto: chosen with precision and token budget by a short calibration at warm-up, "
+        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused.",
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
@@ -98,17 +156,6 @@ class Settings(BaseSettings):
         [32, 64, 128, 256], description="Upper token lengths of the length buckets (last one catches the rest)."
     )
     shard_size: int = Field(1024, ge=1, description="Rows per shard (the unit of scheduling and checkpointing).")
-    # Engine backends and `auto` (issue 16): models/ takes these through EncoderSpec, never from the environment.
-    model: str | None = Field(
-        None,
-        description="A local folder in sentence-transformers layout (pooling, normalisation and max length from "
-        "its own config; width from the model; version = its content digest). Default: the packaged all-MiniLM-L6-v2.",
-    )
-    backend: Literal["auto", "torch", "openvino", "onnxruntime"] = Field(
-        "auto",
-        description="auto: chosen with precision and token budget by a short calibration at warm-up, "
-        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused.",
-    )
     fidelity_floor_float: float = Field(
         0.999, gt=0, le=1, description="Min cosine to torch fp32 on the probe texts for float modes (bf16, fp16, fp32 elsewhere)."
     )
@@ -128,34 +175,57 @@ class Settings(BaseSettings):
         None, description="Converted models (by model digest, backend, precision) and calibrations. Default <home>/engine."
     )
 
-    # --- scoring ---------------------------------------------------------------------------
-    topic_labels: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_TOPIC_LABELS), description="Topic name -> description embedded as its label."
+    @field_validator("bucket_boundaries")
+    @classmethod
+    def _sorted_boundaries(cls, value: list[int]) -> list[int]:
+        if not value or sorted(set(value)) != value or value[0] < 1:
+            raise ValueError("bucket_boundaries must be strictly increasing positive integers")
+        return value
+
+
+class TopicSettings(Group):
+    """Zero-shot topics: the labels items are scored against."""
+
+    labels: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_TOPIC_LABELS),
+        alias="topic_labels",
+        description="Topic name -> description embedded as its label.",
     )
-    topic_temperature: float = Field(0.05, gt=0, description="Softmax temperature over label cosines.")
+    temperature: float = Field(0.05, gt=0, alias="topic_temperature", description="Softmax temperature over label cosines.")
+
+
+class CandidateSettings(Group):
+    """The candidate stage (models/recommender): sources, fusion, the stage-two ranker, evaluation and the gate."""
+
     top_k: int = Field(100, ge=1, le=1000, description="K: candidates per user (and the K of recall@K).")
     user_chunk: int = Field(2048, ge=1, description="Users per chunk in every candidate source and in publishing.")
     recency_half_life_days: float = Field(14.0, gt=0, description="Half-life of an interaction's weight.")
     event_weights: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS), description="Weight of each event type in user vectors."
     )
-
-    # --- candidates: sources, fusion, ranker, gate (models/recommender/candidate_stage.py) ----------------------------
-    candidate_sources: list[SourceName] = Field(
+    sources: list[SourceName] = Field(
         default_factory=lambda: list(SOURCE_NAMES),
+        alias="candidate_sources",
         description="Retrieval sources fused into the candidates (content also yields content_new: items with no interactions).",
     )
-    candidate_per_source: int = Field(100, ge=1, description="N: each source list's length before the union.")
-    candidate_holdout_share: float = Field(
+    per_source: int = Field(100, ge=1, alias="candidate_per_source", description="N: each source list's length before the union.")
+    holdout_share: float = Field(
         0.1,
         gt=0,
         lt=1,
+        alias="candidate_holdout_share",
         description="Share of the run's interactions, latest by time, held out for evaluation (and, inside "
         "the rest, for validation).",
     )
-    candidate_max_tune_users: int = Field(5_000, ge=1, description="Users sampled to tune the fusion and train the rankers.")
-    candidate_max_eval_users: int = Field(20_000, ge=1, description="Users sampled to evaluate on the held-out split.")
-    candidate_max_new_items: int = Field(100_000, ge=1, description="Newest interaction-less items content_new scores.")
+    max_tune_users: int = Field(
+        5_000, ge=1, alias="candidate_max_tune_users", description="Users sampled to tune the fusion and train the rankers."
+    )
+    max_eval_users: int = Field(
+        20_000, ge=1, alias="candidate_max_eval_users", description="Users sampled to evaluate on the held-out split."
+    )
+    max_new_items: int = Field(
+        100_000, ge=1, alias="candidate_max_new_items", description="Newest interaction-less items content_new scores."
+    )
     cooc_max_history: int = Field(50, ge=1, description="Co-visitation: a user's latest interactions that pair up.")
     cooc_window: int = Field(8, ge=1, description="Co-visitation: pairs within this many steps of a user's history.")
     cooc_neighbours: int = Field(100, ge=1, description="Co-visitation: neighbours kept per item (never a dense matrix).")
@@ -176,8 +246,8 @@ class Settings(BaseSettings):
     topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
     fusion_quota_grid: list[float] = Field(
         default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3],
-        description="Fusion tuning: the shares of K tried as the quota "
-        "of new (interaction-less) items. Larger quotas find more new items and cost recall of the others (docs/tables.md).",
+        description="Fusion tuning: the shares of K tried as the quota of new (interaction-less) items. Larger quotas "
+        "find more new items and cost recall of the others (docs/tables.md).",
     )
     fusion_cold_target: float = Field(
         0.3, ge=0, le=1, description="Fusion tuning: the smallest new-item quota whose validation cold recall reaches this."
@@ -185,39 +255,106 @@ class Settings(BaseSettings):
     ranker_rounds: int = Field(300, ge=1, description="LightGBM LambdaRank (first stage and stage two): boosting rounds.")
     ranker_learning_rate: float = Field(0.05, gt=0, description="LightGBM: learning rate.")
     ranker_leaves: int = Field(31, ge=2, description="LightGBM: leaves per tree.")
-    candidate_gate_recall_margin: float = Field(
-        0.0, description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin."
+    gate_recall_margin: float = Field(
+        0.0,
+        alias="candidate_gate_recall_margin",
+        description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin.",
     )
-    candidate_gate_min_cold_recall: float = Field(
+    gate_min_cold_recall: float = Field(
         0.0,
         ge=0,
         le=1,
+        alias="candidate_gate_min_cold_recall",
         description="Gate: the run fails (exit 3) when the fused cold-item recall@K is under this (set "
         "0.25 for a catalogue whose texts describe their items; no held-out cold item = nothing to fail).",
     )
     seed: int = Field(0, description="Seed of every sample, ALS and LightGBM.")
 
-    # --- contracts -------------------------------------------------------------------------
+
+class ContractSettings(Group):
+    """Data contracts: row rules, quarantine limits and the dataset suites' tolerances."""
+
     quarantine_max_share: float = Field(
         0.05, ge=0, le=1, description="A dataset with a larger quarantined share fails the run (exit 3)."
     )
     max_text_chars: int = Field(100_000, ge=1, description="Longest accepted item text, in characters.")
     future_tolerance_hours: float = Field(24.0, ge=0, description="How far past the run date a timestamp may lie.")
-
+    duplicate_id_policy: Literal["quarantine_all", "keep_latest"] = Field(
+        "quarantine_all",
+        description="Items sharing an item_id: quarantine_all quarantines every copy; keep_latest keeps "
+        "the copy with the latest created_at (ties: the later row in the file) and quarantines the others.",
+    )
     row_count_band: float = Field(0.5, ge=0, description="Dataset suites: allowed row-count change vs the previous run.")
     topic_share_tolerance: float = Field(0.1, ge=0, le=1, description="Dataset suites: allowed change of a topic's share.")
     mean_topic_score_tolerance: float = Field(0.1, ge=0, le=1, description="Dataset suites: allowed change of mean topic_score.")
     min_user_coverage: float = Field(0.9, ge=0, le=1, description="Dataset suites: users with candidates / users, at least.")
-
-    # --- resilience --------------------------------------------------------------------------
-    fault_pause_at: str | None = Field(
-        None, description="Chaos/test hook: pause at a named point (ingest, shard:N, publish) until stopped or killed."
+    data_docs_base_url: str | None = Field(
+        None,
+        description="HTTP(S) URL serving the lake root: run summaries link the GX Data Docs under it. Without it "
+        "they link the run's contracts artifact in the Prefect UI.",
     )
 
-    # --- prefect ---------------------------------------------------------------------------
-    prefect_startup_timeout_s: int = Field(120, ge=1, description="Startup timeout of Prefect's temporary server.")
 
-    # --- distributed -------------------------------------------------------------------------
+class ServingSettings(Group):
+    """The online ranker (`nightscore serve`); each option is NIGHTSCORE_SERVING_<NAME>."""
+
+    fallback: bool = Field(
+        True,
+        alias="serving_fallback",
+        description="Answer popular items (200, fallback popular) when the cache is down; else 503.",
+    )
+    max_in_flight: int = Field(
+        256, ge=0, alias="serving_max_in_flight", description="Recommendation requests served at once; more are refused with 429."
+    )
+    model_refresh_s: float = Field(
+        30.0,
+        ge=0,
+        alias="serving_model_refresh_s",
+        description="How often the lake's current ranker is checked for a new one (0: never).",
+    )
+    blas_threads: int = Field(
+        1, ge=1, alias="serving_blas_threads", description="BLAS/OpenMP threads of the ranker's forward pass (small matrices: 1)."
+    )
+    batching: bool = Field(
+        True, alias="serving_batching", description="Score concurrent requests in one model call (False: one call per request)."
+    )
+    max_batch: int = Field(32, ge=1, alias="serving_max_batch", description="Most requests scored in one model call.")
+    max_queue_delay_us: int = Field(
+        0,
+        ge=0,
+        alias="serving_max_queue_delay_us",
+        description="Longest a request waits for others to join its batch, us (0: those ready in the same loop turn).",
+    )
+    cache_timeout_s: float = Field(
+        0.25, gt=0, alias="serving_cache_timeout_s", description="Socket timeout of a Redis cache read (then: fallback)."
+    )
+    breaker_open_s: float = Field(
+        1.0, ge=0, alias="serving_breaker_open_s", description="After a cache failure, requests skip the cache this long."
+    )
+    cache_pool_size: int = Field(64, ge=1, alias="serving_cache_pool_size", description="Redis connections per worker.")
+    events_retention_s: float = Field(
+        172_800.0, gt=0, alias="serving_events_retention_s", description="How long events are kept (stream trim, recent items)."
+    )
+    events_max: int = Field(
+        1_000_000, ge=1, alias="serving_events_max", description="Events held at most; more are refused with 429 until exported."
+    )
+    exclude_recent: bool = Field(
+        True, alias="serving_exclude_recent", description="Drop candidates the user interacted with after their run was computed."
+    )
+    cooc_boost: float = Field(
+        0.0,
+        ge=0,
+        alias="serving_cooc_boost",
+        description="Add this x a candidate's co-visitation with the user's fresh events to its score (0: off; "
+        "the run's neighbours are then not loaded).",
+    )
+
+
+class OpsSettings(Group):
+    """Operations: Prefect, the task runner and Ray, deployments and schedules, leases, callbacks, fail points."""
+
+    prefect_startup_timeout_s: int = Field(120, ge=1, description="Startup timeout of Prefect's temporary server.")
+    prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
     task_runner: Literal["local", "ray"] = Field(
         "local",
         description="local: shards one at a time in the flow's process; ray: encode shards as Ray tasks "
@@ -229,30 +366,20 @@ class Settings(BaseSettings):
         "'auto' joins the cluster this node belongs to; 'ray://host:10001' connects through Ray Client.",
     )
     ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray (ray_address None). Default: all cores.")
-
-    # --- deployments (nightscore up, the Prefect UI) ---------------------------------------
     schedule_timezone: str = Field("UTC", description="Timezone of the nightly and train-ranker crons (IANA name).")
     nightly_cron: str = Field("0 3 * * *", description="Cron of the nightly deployment (default 03:00).")
     train_ranker_cron: str = Field("0 5 * * 0", description="Cron of the weekly train-ranker deployment (Sunday 05:00).")
     work_pool: str = Field("nightscore", description="Process work pool of the deployments (queues on-demand and scheduled).")
+    work_pool_concurrency: int | None = Field(
+        2,
+        ge=1,
+        description="Flow runs the work pool runs at once (`nightscore deploy`/`up`); more wait as Scheduled, "
+        "in queue priority order. None: no limit.",
+    )
     gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
     gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
     hourly_price_usd: float = Field(
         2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports."
-    )
-    prefect_port: int = Field(4200, ge=1, le=65535, description="Port of the Prefect server `nightscore up` starts on 127.0.0.1.")
-
-    # --- safety and operations (issue 18) ---
-    query_warehouse_url: str | None = Field(
-        None,
-        description="Warehouse URL `nightscore query` connects with; on PostgreSQL a read-only, non-superuser role "
-        "(README, 'Analysts on PostgreSQL'). Default: warehouse_url.",
-    )
-    warehouse_lock_timeout_s: float = Field(
-        60.0,
-        ge=0,
-        description="How long a warehouse operation waits for another process's lock before it fails "
-        "(a locked warehouse is never taken for 'no warehouse yet').",
     )
     run_lease_ttl_s: float = Field(
         120.0,
@@ -269,77 +396,144 @@ class Settings(BaseSettings):
     callback_allow_private: bool = Field(
         False, description="Let callback_url name loopback, link-local and private addresses (single-host setups, tests)."
     )
-    work_pool_concurrency: int | None = Field(
-        2,
-        ge=1,
-        description="Flow runs the work pool runs at once (`nightscore deploy`/`up`); more wait as Scheduled, "
-        "in queue priority order. None: no limit.",
-    )
-    lake_retries: int = Field(
-        3, ge=0, description="Retries of a lake operation that failed in transport (connection reset, timeout), with backoff."
-    )
-    lake_retry_backoff_s: float = Field(
-        0.5, ge=0, description="First backoff of the lake retries in seconds (doubles each time)."
-    )
-    cache_retries: int = Field(
-        2, ge=0, description="Retries of a cache operation that failed in transport (Redis reset or timeout), with backoff."
-    )
-    duplicate_id_policy: Literal["quarantine_all", "keep_latest"] = Field(
-        "quarantine_all",
-        description="Items sharing an item_id: quarantine_all quarantines every copy; keep_latest keeps "
-        "the copy with the latest created_at (ties: the later row in the file) and quarantines the others.",
-    )
-    data_docs_base_url: str | None = Field(
-        None,
-        description="HTTP(S) URL serving the lake root: run summaries link the GX Data Docs under it. Without it "
-        "they link the run's contracts artifact in the Prefect UI.",
-    )
-    fault_fail_at: str | None = Field(
-        None,
-        description="Chaos/test hook: raise an injected I/O error at a named point (publish:before-commit, "
-        "publish:partitions, publish:after-partitions).",
+    failpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tests only (core/failpoints.py): named points of a run that pause ('pause') or fail with an injected "
+        'disk-full error (\'enospc\'), e.g. {"publish:before-commit": "enospc"}. Empty in every real run.',
     )
 
-    @field_validator("bucket_boundaries")
+
+GROUPS: dict[str, type[Group]] = {
+    "lake": LakeSettings,
+    "warehouse": WarehouseSettings,
+    "cache": CacheSettings,
+    "encoder": EncoderSettings,
+    "topics": TopicSettings,
+    "candidates": CandidateSettings,
+    "contracts": ContractSettings,
+    "serving": ServingSettings,
+    "ops": OpsSettings,
+}
+
+
+def flat_names() -> dict[str, tuple[str, str]]:
+    """Return every grouped option's flat name (alias, else field name) -> (group, field)."""
+    return {(info.alias or name): (group, name) for group, model in GROUPS.items() for name, info in model.model_fields.items()}
+
+
+def _is_complex(info: FieldInfo) -> bool:
+    """Return whether a field's environment value is JSON (lists, dicts), not a plain string."""
+    kinds = [info.annotation]
+    if isinstance(info.annotation, types.UnionType) or typing.get_origin(info.annotation) is typing.Union:
+        kinds = [k for k in typing.get_args(info.annotation) if k is not type(None)]
+    return any(typing.get_origin(k) in (list, dict, tuple) or k in (list, dict, tuple) for k in kinds)
+
+
+class FlatEnvironment(PydanticBaseSettingsSource):
+    """NIGHTSCORE_<NAME> variables, one per option, sorted into their groups (JSON for lists and dicts)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """Return nothing per field: __call__ reads every variable at once."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        """Return the options the environment sets, nested by group."""
+        values: dict[str, Any] = {}
+        for flat, (group, name) in flat_names().items():
+            raw = os.environ.get(ENV_PREFIX + flat.upper())
+            if raw is not None:
+                info = GROUPS[group].model_fields[name]
+                values.setdefault(group, {})[name] = json.loads(raw) if _is_complex(info) else raw
+        home = os.environ.get(ENV_PREFIX + "HOME")
+        if home is not None:
+            values["home"] = home
+        return values
+
+
+class Settings(BaseSettings):
+    """Every nightscore option, by group; each is also read from the environment as NIGHTSCORE_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    home: Path = Field(Path(".nightscore"), description="Folder of the embedded defaults (lake, DuckDB, cache).")
+    lake: LakeSettings = Field(default_factory=LakeSettings)
+    warehouse: WarehouseSettings = Field(default_factory=WarehouseSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    encoder: EncoderSettings = Field(default_factory=EncoderSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    candidates: CandidateSettings = Field(default_factory=CandidateSettings)
+    contracts: ContractSettings = Field(default_factory=ContractSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
+
     @classmethod
-    def _sorted_boundaries(cls, value: list[int]) -> list[int]:
-        if not value or sorted(set(value)) != value or value[0] < 1:
-            raise ValueError("bucket_boundaries must be strictly increasing positive integers")
-        return value
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Return keyword arguments first, then the flat NIGHTSCORE_ variables (no .env or secrets files)."""
+        return init_settings, FlatEnvironment(settings_cls)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_flat_names(cls, data: Any) -> Any:
+        """Sort flat option names (lake_url=..., top_k=...) into their groups; a group's own values win over none."""
+        if not isinstance(data, dict):
+            return data
+        names, grouped = flat_names(), dict(data)
+        for key in [k for k in grouped if k in names]:
+            group, field = names[key]
+            current = grouped.get(group) or {}
+            if isinstance(current, Group):
+                current = current.model_dump()
+            grouped[group] = {**current, field: grouped.pop(key)}
+        return grouped
 
     @property
     def lake_root(self) -> str:
         """Return the lake root URI (local path or s3://...)."""
-        return self.lake_url or str(self.home / "lake")
+        return self.lake.url or str(self.home / "lake")
 
     @property
     def warehouse_location(self) -> str:
         """Return the warehouse URL or DuckDB path."""
-        return self.warehouse_url or str(self.home / "warehouse.duckdb")
+        return self.warehouse.url or str(self.home / "warehouse.duckdb")
 
     @property
     def cache_location(self) -> str:
         """Return the cache URL (redis://) or embedded store path."""
-        return self.cache_url or str(self.home / "cache.sqlite")
+        return self.cache.url or str(self.home / "cache.sqlite")
 
     @property
     def query_warehouse_location(self) -> str:
-        """Return the warehouse URL or path analysts' queries use (query_warehouse_url, else the warehouse's)."""
-        return self.query_warehouse_url or self.warehouse_location
+        """Return the warehouse URL or path analysts' queries use (query_url, else the warehouse's)."""
+        return self.warehouse.query_url or self.warehouse_location
 
     @property
     def engine_cache(self) -> Path:
         """Return the folder of converted models and calibrations (local: OpenVINO reads its IR files from disk)."""
-        return self.engine_cache_dir or self.home / "engine"
+        return self.encoder.engine_cache_dir or self.home / "engine"
 
     @property
     def logs_dir(self) -> Path:
         """Return the folder of the log files (one per command or flow run)."""
         return self.home / "logs"
 
+    def flat(self, exclude_defaults: bool = True) -> dict[str, Any]:
+        """Return the settings as flat option name -> JSON value (what NIGHTSCORE_<NAME> variables hold)."""
+        out: dict[str, Any] = {"home": str(self.home)}
+        for group in GROUPS:
+            values = getattr(self, group).model_dump(mode="json", by_alias=True, exclude_defaults=exclude_defaults)
+            out.update(values)
+        return out
+
 
 def load_settings(**overrides: object) -> Settings:
-    """Return settings read from NIGHTSCORE_* variables, with explicit overrides on top."""
+    """Return settings read from NIGHTSCORE_* variables, with explicit (flat or grouped) overrides on top."""
     return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
@@ -359,60 +553,3 @@ def settings_scope(settings: Settings) -> Iterator[Settings]:
 def current_settings() -> Settings:
     """Return the settings of the enclosing settings_scope, else those of this process's NIGHTSCORE_* variables."""
     return _SCOPED.get() or load_settings()
-
-
-# Library switches: offline model libraries, no telemetry, a startup timeout a slow 2-core machine can meet.
-def _library_defaults(settings: Settings) -> dict[str, str]:
-    return {
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(settings.prefect_startup_timeout_s),
-        "PREFECT_UI_ENABLED": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "true",
-        "GX_ANALYTICS_ENABLED": "False",
-    }
-
-
-def apply_runtime_defaults(settings: Settings) -> None:
-    """Set Prefect's, Hugging Face's and Great Expectations' process switches, never overriding the user's.
-
-    Prefect runs in its local ephemeral mode unless PREFECT_API_URL is set; model libraries are told they
-    are offline (the encoder's files ship inside a package; nothing may be downloaded).
-    """
-    for name, value in _library_defaults(settings).items():
-        os.environ.setdefault(name, value)
-
-
-# Variables a worker process needs besides NIGHTSCORE_*: where the Prefect API is, offline model libraries,
-# an S3 endpoint/region. Credentials stay in each node's own environment.
-PASSTHROUGH = (
-    "PREFECT_API_URL",
-    "PREFECT_API_AUTH_STRING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "TOKENIZERS_PARALLELISM",
-    "GX_ANALYTICS_ENABLED",
-    "AWS_ENDPOINT_URL",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-)
-
-
-def settings_environment(settings: Settings) -> dict[str, str]:
-    """Return NIGHTSCORE_* variables that reproduce settings in another process (home made absolute)."""
-    values = settings.model_dump(mode="json", exclude_defaults=True)
-    values["home"] = str(Path(settings.home).resolve())
-    return {f"NIGHTSCORE_{name.upper()}": v if isinstance(v, str) else json.dumps(v) for name, v in values.items()}
-
-
-def worker_environment(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return the small environment of a remote worker (Ray): settings, library switches and PASSTHROUGH variables."""
-    env = {**_library_defaults(settings), **{k: v for k, v in os.environ.items() if k in PASSTHROUGH}}
-    return {**env, **settings_environment(settings), **(extra or {})}
-
-
-def child_environment(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return the environment of a local child process (server, worker): this one's, plus settings and extra."""
-    return {**_library_defaults(settings), **os.environ, **settings_environment(settings), **(extra or {})}

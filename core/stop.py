@@ -1,4 +1,4 @@
-"""Graceful stop: a process-wide flag set by SIGTERM/SIGINT and checked between batches, plus the fault hook.
+"""Graceful stop: a process-wide flag set by SIGTERM/SIGINT and checked between batches.
 
 The flag lives here (not in Prefect) so the engine and stages can check it without importing Prefect.
 """
@@ -8,8 +8,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
-from pathlib import Path
 from types import FrameType
 
 from core.errors import RunInterrupted
@@ -47,20 +45,6 @@ def install_signal_handlers() -> None:
 def reset() -> None:
     """Clear the stop flag (tests, or a new run in the same process)."""
     _STOP.clear()
-
-
-def fault_point(name: str, pause_at: str | None, marker_dir: Path) -> None:
-    """Chaos hook: when pause_at == name, write <marker_dir>/<name>.reached and wait until stopped or killed.
-
-    Tests use it to SIGKILL or SIGTERM a real run at a known point; unset in normal runs.
-    """
-    if pause_at != name:
-        return
-    marker_dir.mkdir(parents=True, exist_ok=True)
-    (marker_dir / f"{name.replace(':', '-')}.reached").write_text(str(time.time()))
-    log.warning("fault point %s reached: pausing until stopped or killed", name)
-    while not _STOP.is_set():
-        time.sleep(0.05)
 
 
 def chain_stop_handler() -> None:

@@ -83,13 +83,13 @@ class SuiteParams:
     def from_settings(cls, settings: Settings, expected_users: int | None = None) -> SuiteParams:
         """Return the suites' parameters from settings (and the users a run should serve, when known)."""
         return cls(
-            row_count_band=settings.row_count_band,
-            topic_share_tolerance=settings.topic_share_tolerance,
-            mean_topic_score_tolerance=settings.mean_topic_score_tolerance,
-            top_k=settings.top_k,
-            min_user_coverage=settings.min_user_coverage,
-            topic_labels=tuple(settings.topic_labels),
-            events=tuple(settings.event_weights),
+            row_count_band=settings.contracts.row_count_band,
+            topic_share_tolerance=settings.contracts.topic_share_tolerance,
+            mean_topic_score_tolerance=settings.contracts.mean_topic_score_tolerance,
+            top_k=settings.candidates.top_k,
+            min_user_coverage=settings.contracts.min_user_coverage,
+            topic_labels=tuple(settings.topics.labels),
+            events=tuple(settings.candidates.event_weights),
             expected_users=expected_users,
         )
 

@@ -35,7 +35,7 @@ def deployment_specs(settings: Settings) -> list[DeploymentSpec]:
             "nightly",
             "flows.nightly.nightly",
             SCHEDULED_QUEUE,
-            settings.nightly_cron,
+            settings.ops.nightly_cron,
             "Score the night's inputs and publish item_scores, user_candidates and the candidate cache.",
         ),
         DeploymentSpec(
@@ -52,7 +52,7 @@ def deployment_specs(settings: Settings) -> list[DeploymentSpec]:
             "train-ranker",
             "flows.train_ranker.train_ranker",
             SCHEDULED_QUEUE,
-            settings.train_ranker_cron,
+            settings.ops.train_ranker_cron,
             "Train the online ranker on the latest published run (weekly).",
         ),
     ]

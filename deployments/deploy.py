@@ -82,20 +82,20 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
     """Register one deployment (schedule, queue, enforced strict parameter schema) and return its id."""
     module, _, attr = spec.entrypoint.rpartition(".")
     flow = getattr(importlib.import_module(module), attr)
-    schedules = [Cron(spec.cron, timezone=settings.schedule_timezone)] if spec.cron else []
+    schedules = [Cron(spec.cron, timezone=settings.ops.schedule_timezone)] if spec.cron else []
     deployment = flow.to_deployment(
         name=spec.name,
         schedules=schedules,
         description=spec.description,
         tags=["nightscore"],
-        work_pool_name=settings.work_pool,
+        work_pool_name=settings.ops.work_pool,
         work_queue_name=spec.queue,
         enforce_parameter_schema=True,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    deployment_id = deployment.apply(work_pool_name=settings.work_pool)
+    deployment_id = deployment.apply(work_pool_name=settings.ops.work_pool)
     # Prefect's own schema model drops additionalProperties; the server keeps the whole JSON schema it is given.
-    schema = strict_parameter_schema(parameter_schema(flow).model_dump_for_openapi(), settings.callback_allow_private)
+    schema = strict_parameter_schema(parameter_schema(flow).model_dump_for_openapi(), settings.ops.callback_allow_private)
     with get_client(sync_client=True) as client:
         client.update_deployment(deployment_id, DeploymentUpdate(parameter_openapi_schema=schema))
     return deployment_id
@@ -103,10 +103,10 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
 
 def deploy_all(settings: Settings) -> dict[str, UUID]:
     """Create the pool (with its concurrency limit), queues and gpu limit, then every deployment; return their ids."""
-    ensure_work_pool(settings.work_pool, settings.work_pool_concurrency)
-    ensure_gpu_limit(settings.gpu_limit, settings.gpu_slots)
+    ensure_work_pool(settings.ops.work_pool, settings.ops.work_pool_concurrency)
+    ensure_gpu_limit(settings.ops.gpu_limit, settings.ops.gpu_slots)
     ids = {spec.name: apply_deployment(spec, settings) for spec in deployment_specs(settings)}
-    log.info("deployed %s to work pool %s", ", ".join(ids), settings.work_pool)
+    log.info("deployed %s to work pool %s", ", ".join(ids), settings.ops.work_pool)
     return ids
 
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.environment import child_environment
 from core.errors import StackError
-from core.settings import Settings, child_environment
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ def server_env(settings: Settings, host: str) -> dict[str, str]:
             "PREFECT_HOME": str(Path(settings.home).resolve() / "prefect"),
             "PREFECT_UI_ENABLED": "true",
             "PREFECT_SERVER_API_HOST": host,
-            "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
-            "PREFECT_UI_API_URL": f"http://{host}:{settings.prefect_port}/api",
+            "PREFECT_SERVER_API_PORT": str(settings.ops.prefect_port),
+            "PREFECT_UI_API_URL": f"http://{host}:{settings.ops.prefect_port}/api",
         },
     )
     env.pop("PREFECT_API_URL", None)
@@ -111,12 +112,12 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
     if running and healthy(running["api_url"], _auth()):
         raise StackError(f"nightscore is already up at {running['ui_url']}: run `nightscore down` first")
     home = Path(settings.home).resolve()
-    base = f"http://{host}:{settings.prefect_port}"
+    base = f"http://{host}:{settings.ops.prefect_port}"
     api_url = f"{base}/api"
     if healthy(api_url, _auth()):
         raise StackError(f"something already answers at {api_url}: set NIGHTSCORE_PREFECT_PORT or stop it")
     server = _start(
-        [_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.prefect_port)],
+        [_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.ops.prefect_port)],
         server_env(settings, host),
         home / "logs" / "prefect-server.log",
     )
@@ -130,14 +131,18 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         state["deployments"] = {name: str(i) for name, i in deploy_all(settings).items()}
         worker = _start(
-            [_bin("prefect"), "worker", "start", "--pool", settings.work_pool, "--type", "process"],
+            [_bin("prefect"), "worker", "start", "--pool", settings.ops.work_pool, "--type", "process"],
             worker_env(settings, api_url),
             home / "logs" / "prefect-worker.log",
         )
         state["worker_pid"] = worker.pid
         _save(home, state)
         _wait(
-            lambda: worker_online(settings.work_pool), worker, "Prefect worker", home / "logs" / "prefect-worker.log", timeout_s
+            lambda: worker_online(settings.ops.work_pool),
+            worker,
+            "Prefect worker",
+            home / "logs" / "prefect-worker.log",
+            timeout_s,
         )
     return state
 

@@ -55,7 +55,7 @@ def checked_callback(value: HttpUrl | None) -> HttpUrl | None:
     """Return a callback URL nightscore may call (http(s), no literal internal address unless allowed)."""
     if value is not None:
         try:
-            check_callback_url(str(value), current_settings().callback_allow_private)
+            check_callback_url(str(value), current_settings().ops.callback_allow_private)
         except UnsafeCallback as exc:
             raise ValueError(str(exc)) from None
     return value

@@ -44,9 +44,9 @@ def check_inputs(
     """Return the row and dataset contract results for items and interactions files (nothing is written)."""
     now = now or datetime.now(UTC)
     rules = InputRules(
-        not_after=now + timedelta(hours=settings.future_tolerance_hours),
-        max_text_chars=settings.max_text_chars,
-        duplicate_policy=settings.duplicate_id_policy,
+        not_after=now + timedelta(hours=settings.contracts.future_tolerance_hours),
+        max_text_chars=settings.contracts.max_text_chars,
+        duplicate_policy=settings.contracts.duplicate_id_policy,
     )
     raw_items = _read(lake, items_uri, "items", ITEM_COLUMNS)
     raw_inter = _read(lake, interactions_uri, "interactions", INTERACTION_COLUMNS)

@@ -16,6 +16,7 @@ import click
 import pydantic
 import typer
 
+from core.environment import apply_runtime_defaults
 from core.errors import (
     EXIT_USAGE,
     ContractViolation,
@@ -27,7 +28,7 @@ from core.errors import (
     exit_code_for,
     is_expected,
 )
-from core.settings import Settings, apply_runtime_defaults, load_settings
+from core.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from core.records import Published
@@ -157,7 +158,7 @@ def _run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
     return {
         "quarantine": [tuple(row) for row in rules],
         "latest_run": latest.run_id if latest else None,
-        "max_tokens": cfg.max_seq_length,
+        "max_tokens": cfg.encoder.max_seq_length,
     }
 
 
@@ -254,8 +255,8 @@ def contracts_check(
     from storage.resources import lake_for
 
     check = check_inputs(lake_for(cfg), cfg, items, interactions)
-    typer.echo(check_report(check, cfg.quarantine_max_share))
-    if not check.passed(cfg.quarantine_max_share):
+    typer.echo(check_report(check, cfg.contracts.quarantine_max_share))
+    if not check.passed(cfg.contracts.quarantine_max_share):
         raise ContractViolation("the input contracts failed (table above): a run on these files would stop")
 
 
@@ -341,7 +342,7 @@ def up(
     state = start(cfg, host)
     typer.echo(
         f"nightscore is up: Prefect UI {state['ui_url']}  (API {state['api_url']})\n"
-        f"  deployments: {', '.join(state['deployments'])}; worker pool {cfg.work_pool}; logs in {state['home']}/logs\n"
+        f"  deployments: {', '.join(state['deployments'])}; worker pool {cfg.ops.work_pool}; logs in {state['home']}/logs\n"
         f"  export PREFECT_API_URL={state['api_url']}   # for prefect commands and nightscore trigger/status"
     )
 

@@ -76,7 +76,7 @@ def serving_config(settings: Settings, **overrides: Any) -> ServingConfig:
     """Return the serving options: lake and cache from settings, the rest from overrides or NIGHTSCORE_SERVING_* variables."""
     return ServingConfig(
         cache_location=settings.cache_location,
-        cache_prefix=settings.cache_prefix,
+        cache_prefix=settings.cache.prefix,
         lake_root=settings.lake_root,
         lake_options=lake_storage_options(settings),
         **overrides,

@@ -23,33 +23,33 @@ def lake_storage_options(settings: Settings) -> dict[str, Any]:
         return {}
     # Listings are not cached: several processes (tasks, resumed runs, analysts) write the same prefixes.
     options: dict[str, Any] = {"use_listings_cache": False}
-    if settings.s3_endpoint_url:
-        options["endpoint_url"] = settings.s3_endpoint_url
-    if settings.s3_region:
-        options["client_kwargs"] = {"region_name": settings.s3_region}
+    if settings.lake.s3_endpoint_url:
+        options["endpoint_url"] = settings.lake.s3_endpoint_url
+    if settings.lake.s3_region:
+        options["client_kwargs"] = {"region_name": settings.lake.s3_region}
     return options
 
 
 def lake_for(settings: Settings) -> Lake:
     """Return the lake adapter for settings.lake_root (s3:// through s3fs with lake_storage_options)."""
-    return Lake(settings.lake_root, lake_storage_options(settings), settings.lake_retries, settings.lake_retry_backoff_s)
+    return Lake(settings.lake_root, lake_storage_options(settings), settings.lake.retries, settings.lake.retry_backoff_s)
 
 
 def warehouse_for(settings: Settings, embedding_dim: int | None = None) -> Warehouse:
     """Return the warehouse adapter for settings.warehouse_location (embedding_dim: a run's, so it may create it)."""
     return open_warehouse(
-        settings.warehouse_location, embedding_dim=embedding_dim, lock_timeout_s=settings.warehouse_lock_timeout_s
+        settings.warehouse_location, embedding_dim=embedding_dim, lock_timeout_s=settings.warehouse.lock_timeout_s
     )
 
 
 def query_warehouse_for(settings: Settings) -> Warehouse:
     """Return the adapter analysts' SQL runs on (settings.query_warehouse_location: a read-only role on PostgreSQL)."""
-    return open_warehouse(settings.query_warehouse_location, lock_timeout_s=settings.warehouse_lock_timeout_s)
+    return open_warehouse(settings.query_warehouse_location, lock_timeout_s=settings.warehouse.lock_timeout_s)
 
 
 def cache_for(settings: Settings) -> CandidateCache:
     """Return the candidate cache adapter for settings.cache_location."""
-    return open_cache(settings.cache_location, settings.cache_prefix, settings.cache_version_grace_s, settings.cache_retries)
+    return open_cache(settings.cache_location, settings.cache.prefix, settings.cache.version_grace_s, settings.cache.retries)
 
 
 def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout_s: float | None = None) -> Warehouse:

@@ -43,14 +43,11 @@ from models.recommender.candidate_stage import (
     tune,
 )
 from models.recommender.evaluation import check_gate, metric_value, time_split
-from models.recommender.fusion import TuningGrid
 from models.recommender.ranker_models import Scorer, scorer_to_bytes
-from models.recommender.ranker_training import RankerParams
 from models.recommender.retrieval import ITEM_BLOCK, ItemChunks
-from models.recommender.sources.als import AlsParams
 from models.recommender.sources.base import encode_run
-from models.recommender.sources.cooccurrence import CooccurrenceParams, CooccurrenceSource, neighbour_frame
-from models.recommender.sources.popularity import PopularityParams, trending_scores
+from models.recommender.sources.cooccurrence import CooccurrenceSource, neighbour_frame
+from models.recommender.sources.popularity import trending_scores
 from storage.artifacts import publish_neighbours, publish_scorer
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
@@ -78,44 +75,8 @@ CANDIDATES_SCHEMA = pl.Schema(
 
 
 def candidate_config(settings: Settings) -> CandidateConfig:
-    """Return the candidate stage's parameters from settings."""
-    return CandidateConfig(
-        k=settings.top_k,
-        per_source=settings.candidate_per_source,
-        holdout_share=settings.candidate_holdout_share,
-        event_weights=dict(settings.event_weights),
-        half_life_days=settings.recency_half_life_days,
-        sources=tuple(settings.candidate_sources),
-        cooccurrence=CooccurrenceParams(
-            settings.cooc_max_history,
-            settings.cooc_window,
-            settings.cooc_neighbours,
-            settings.cooc_alpha,
-            settings.cooc_pairs_per_pass,
-        ),
-        als=AlsParams(
-            settings.als_factors,
-            settings.als_regularization,
-            settings.als_alpha,
-            settings.als_confidence,
-            iterations=settings.als_iterations,
-            seed=settings.seed,
-        ),
-        popularity=PopularityParams(settings.trend_half_life_days, settings.topic_smoothing),
-        grid=TuningGrid(new_quota=tuple(settings.fusion_quota_grid), cold_target=settings.fusion_cold_target),
-        ranker=RankerParams(
-            rounds=settings.ranker_rounds,
-            learning_rate=settings.ranker_learning_rate,
-            leaves=settings.ranker_leaves,
-            seed=settings.seed,
-        ),
-        user_chunk=settings.user_chunk,
-        max_tune_users=settings.candidate_max_tune_users,
-        max_eval_users=settings.candidate_max_eval_users,
-        max_new_items=settings.candidate_max_new_items,
-        device="cpu" if settings.device == "cpu" else "auto",
-        seed=settings.seed,
-    )
+    """Return the candidate stage's parameters: the candidate settings, on a GPU where the encoder may use one."""
+    return CandidateConfig.from_settings(settings.candidates, "cpu" if settings.encoder.device == "cpu" else "auto")
 
 
 @task(name="build-candidates", cache_policy=NO_CACHE)
@@ -214,7 +175,7 @@ def record_metrics(lake: Lake, run: RunRef, metrics: pl.DataFrame) -> pl.DataFra
 def gate(metrics: pl.DataFrame, settings: Settings) -> None:
     """Fail the run (ContractViolation, exit 3, nothing published) when the fused candidates lose to popularity."""
     try:
-        check_gate(metrics, settings.candidate_gate_recall_margin, settings.candidate_gate_min_cold_recall)
+        check_gate(metrics, settings.candidates.gate_recall_margin, settings.candidates.gate_min_cold_recall)
     except ContractViolation as exc:
         raise ContractViolation(f"{exc} (retrieval_metrics of the run hold every method's figures)") from exc
 
@@ -283,7 +244,7 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
 
 def publish_run_neighbours(lake: Lake, run: RunRef, final: Final) -> str | None:
     """Write the co-visitation neighbours the service boosts with; return their lake path (None: no such source, or 0 kept)."""
-    top = run.settings.cooc_serving_neighbours
+    top = run.settings.candidates.cooc_serving_neighbours
     fitted = next((s for s in final.sources if isinstance(s, CooccurrenceSource)), None)
     if fitted is None or top == 0:
         return None

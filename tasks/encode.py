@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from pathlib import Path
 from uuid import UUID
 
 import polars as pl
@@ -23,43 +22,29 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
+from core import failpoints
 from core import progress as local_progress
-from core.records import EncodeTotals, Plan, RunRef, ShardResult
+from core.records import EncodeTotals, EngineMode, Plan, RunRef, ShardResult
 from core.settings import Settings
-from core.stop import fault_point, raise_if_stopped
+from core.stop import raise_if_stopped
 from models.encoder.engine import encode_texts
 from models.encoder.loader import get_encoder
-from models.encoder.spec import EncoderSpec
+from models.encoder.spec import EncoderSpec, Mode
 from storage.resources import lake_for
 
 log = logging.getLogger(__name__)
 
 
-def encoder_spec(settings: Settings) -> EncoderSpec:
-    """Return the encoder spec the settings ask for (auto still to be resolved by calibration: see plan-shards)."""
-    return EncoderSpec(
-        settings.encoder,
-        settings.device,
-        settings.precision,
-        settings.max_seq_length,
-        settings.num_threads,
-        model_path=settings.model,
-        backend=settings.backend,
-        cache_dir=str(settings.engine_cache),
-        float_floor=settings.fidelity_floor_float,
-        int8_floor=settings.fidelity_floor_int8,
-        padding_floor=settings.padding_floor,
-        token_budget=settings.token_budget,
-        streams=settings.streams,
-        calibration_budgets=tuple(settings.calibration_budgets) if settings.calibration_budgets else None,
-        recalibrate=settings.recalibrate,
-    )
+def planned_spec(settings: Settings, engine: EngineMode) -> EncoderSpec:
+    """Return the spec every shard encodes with: the settings' encoder with the plan's mode pinned."""
+    mode = Mode(engine.backend, engine.precision, engine.token_budget, engine.length_multiple, engine.streams)
+    return EncoderSpec.from_settings(settings).pinned(mode)
 
 
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
 def encode_shard(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     """Produce shards/shard-NNNNN-<key>.parquet with the shard's embeddings unless its checkpoint is done."""
-    with gpu_slot(run.settings.gpu_limit):
+    with gpu_slot(run.settings.ops.gpu_limit):
         result = encode_one(run, plan, shard)
     report_progress(plan, shard)
     return result
@@ -71,7 +56,7 @@ def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     rows = lake.read_parquet(
         plan.plan_uri, "plan", columns=["item_id", "text", "content_hash", "shard"], where=pl.col("shard") == shard
     )  # only this shard's rows: the plan holds the whole run
-    spec = plan.spec  # auto's choice, pinned at planning: every shard encodes in the same mode
+    spec = planned_spec(cfg, plan.engine)  # auto's choice, pinned at planning: every shard encodes in the same mode
     base = run.path(f"shards/shard-{shard:05d}-{shard_key(rows, plan.model_version, spec)}")
     done = lake.read_json(f"{base}.done")
     if done is not None:
@@ -105,7 +90,7 @@ def encode_one(run: RunRef, plan: Plan, shard: int) -> ShardResult:
         stats.texts / max(stats.seconds, 1e-9),
         stats.padding_efficiency,
     )
-    fault_point(f"shard:{shard}", cfg.fault_pause_at, Path(cfg.home) / "faults")
+    failpoints.hit(f"shard:{shard}", cfg)
     return result
 
 

@@ -82,5 +82,5 @@ def call_back(flow: Any, flow_run: Any, state: Any) -> None:
         _run_id(str(flow_run.id)),
         None if state.is_completed() else state.message,
     )
-    if not post_json(url, payload, allow_private=current_settings().callback_allow_private):
+    if not post_json(url, payload, allow_private=current_settings().ops.callback_allow_private):
         log.warning("callback to %s gave up; the run's own state is unaffected", url)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from itertools import chain
-from pathlib import Path
 
 import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core import failpoints
 from core.errors import InputUnreadable
 from core.records import Ingested, RunRef
-from core.stop import fault_point
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, conform
 from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
 from storage.events import ingested_partitions
@@ -42,7 +41,7 @@ def ingest(run: RunRef) -> Ingested:
             ("interactions", run.interactions_uri, INTERACTION_COLUMNS, events),
         )
     }
-    fault_point("ingest", run.settings.fault_pause_at, Path(run.settings.home) / "faults")
+    failpoints.hit("ingest", run.settings)
     return Ingested(
         run.path("ingest/items.parquet"),
         run.path("ingest/interactions.parquet"),

@@ -23,12 +23,11 @@ from core.run_context import run_folder
 from core.settings import Settings
 from models.encoder.batching import assign_shards
 from models.encoder.files import model_info, tokenizer_for
-from models.encoder.loader import calibration_summary, get_encoder, resolve_spec, spec_version
+from models.encoder.loader import calibration_summary, get_encoder, resolve_mode, spec_version
 from models.encoder.spec import EncoderSpec
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
 from storage.warehouse.base import Warehouse
-from tasks.encode import encoder_spec
 from tasks.report import start_progress
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,8 @@ PLAN_SCHEMA = pl.Schema(
 def plan_shards(run: RunRef, validated: Validated) -> Plan:
     """Produce plan.parquet and reused.parquet; return the shards to encode and the encode progress artifact."""
     started, cfg, lake = time.perf_counter(), run.settings, lake_for(run.settings)
-    requested = encoder_spec(cfg)
-    spec = resolve_spec(requested)  # auto calibrates here on a new kind of machine, else reads the persisted choice
+    requested = EncoderSpec.from_settings(cfg)
+    spec = requested.pinned(resolve_mode(requested))  # auto calibrates here on a new kind of machine, else reads the choice
     max_length = model_info(spec).max_seq_length
     tokenizer = tokenizer_for(spec)
     keys = pl.concat(
@@ -75,7 +74,6 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
         engine.fidelity_min,
     )
     return Plan(
-        spec,
         engine,
         run.path("plan.parquet"),
         run.path("reused.parquet"),
@@ -100,6 +98,7 @@ def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
         precision=str(record["precision"]),
         token_budget=int(str(record["token_budget"])),
         streams=int(str(record["streams"])),
+        length_multiple=int(str(record["length_multiple"])),
         runtime=str(record["runtime"]),
         fidelity_min=float(str(record["fidelity_min"])),
         fidelity_p1=float(str(record["fidelity_p1"])),
@@ -203,5 +202,5 @@ def shard_column(items: pl.DataFrame, reused: pl.Series, lengths: np.ndarray, se
     todo = ~items.get_column("item_id").is_in(reused.implode()).to_numpy()
     shards = np.full(items.height, -1, dtype=np.int32)
     if todo.any():
-        _, shards[todo] = assign_shards(lengths[todo], settings.bucket_boundaries, settings.shard_size)
+        _, shards[todo] = assign_shards(lengths[todo], settings.encoder.bucket_boundaries, settings.encoder.shard_size)
     return pl.Series("shard", shards, dtype=pl.Int32)

@@ -19,14 +19,12 @@ cache and the lake inside theirs.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pyarrow as pa
 from prefect import task
@@ -34,10 +32,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.transactions import Transaction, get_transaction
 
+from core import failpoints
 from core.errors import NightscoreError
 from core.records import Candidates, Checked, Published, RunRecord, RunRef, Staged, Stages
 from core.settings import Settings
-from core.stop import fault_point
 from data_contracts.inputs import INTERACTIONS_CONTRACT, ITEMS_CONTRACT
 from data_contracts.outputs import ITEM_SCORES_CONTRACT, USER_CANDIDATES_CONTRACT
 from storage import duckdb_lake, leases
@@ -62,13 +60,6 @@ def _remember(**values: object) -> None:
     if txn is not None:
         for key, value in values.items():
             txn.set(key, value)
-
-
-def fail_at(point: str, settings: Settings) -> None:
-    """Chaos/test hook at a named point: pause there (fault_pause_at) or raise an injected disk-full error (fault_fail_at)."""
-    fault_point(point, settings.fault_pause_at, Path(settings.home) / "faults")
-    if settings.fault_fail_at == point:
-        raise OSError(errno.ENOSPC, f"No space left on device (injected fault at {point})")
 
 
 @task(name="stage-cache", cache_policy=NO_CACHE)
@@ -177,8 +168,8 @@ def commit(lake: Lake, warehouse: Warehouse, cache: CandidateCache, run: RunRef,
 
     def switch_pointer(latest: str) -> None:
         switched.append(switch_in_transaction(cache, run.run_id, latest))
-        fail_at("publish", run.settings)  # switched, not committed
-        fail_at("publish:before-commit", run.settings)
+        failpoints.hit("publish", run.settings)  # switched, not committed
+        failpoints.hit("publish:before-commit", run.settings)
 
     candidates = lake.read_parquet(stages.candidates.uri, "user_candidates")
     lease = leases.held_by(str(flow_run.get_id()))
@@ -240,7 +231,7 @@ def write_partitions(lake: Lake, tables: dict[str, pa.Table | str], settings: Se
             for table, rows in tables.items():
                 staged[table] = duckdb_lake.stage_partitions(con, lake, table, rows)
         if settings is not None:
-            fail_at("publish:partitions", settings)  # every table staged, none moved
+            failpoints.hit("publish:partitions", settings)  # every table staged, none moved
         return [uri for table, staging in staged.items() for uri in duckdb_lake.move_staged(lake, staging, table)]
     finally:
         for staging in staged.values():

@@ -46,8 +46,8 @@ def report_run(run: RunRef, stages: Stages, published: Published) -> dict[str, s
     pngs = plots(lake, warehouse_for(run.settings), run, stages)
     uris = save_plots(lake, run, pngs)
     rules = quarantine_by_rule(lake, run)
-    warn_about(published, rules, run.settings.max_seq_length)
-    docs = served_docs(published.data_docs, lake.root, run.settings.data_docs_base_url)
+    warn_about(published, rules, run.settings.encoder.max_seq_length)
+    docs = served_docs(published.data_docs, lake.root, run.settings.contracts.data_docs_base_url)
     contracts = create_markdown_artifact(
         contracts_markdown(run.run_id, contract_results(lake, run, docs), docs),
         key=artifact_key("contracts"),
@@ -128,11 +128,11 @@ def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict
     previous = previous_scores(lake, warehouse, run)
     return {
         "Topic distribution": draw.topic_distribution(shares.get_column("topic").to_list(), shares.get_column("len").to_list()),
-        "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.bucket_boundaries),
+        "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.encoder.bucket_boundaries),
         "topic_score vs the previous run": draw.score_distributions(
             scores.get_column("topic_score").to_numpy(), previous[1] if previous else None, previous[0] if previous else None
         ),
-        "Candidates on held-out interactions": _quality_plot(quality_rows(lake, stages), run.settings.top_k),
+        "Candidates on held-out interactions": _quality_plot(quality_rows(lake, stages), run.settings.candidates.top_k),
     }
 
 

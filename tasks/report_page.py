@@ -20,7 +20,7 @@ def cost(published: Published, settings: Settings) -> dict[str, float]:
     return {
         "gpu_hours": encode_s / 3600 if record.device.startswith("cuda") else 0.0,
         "instance_hours": hours,
-        "cost_per_1k_items": settings.hourly_price_usd * hours / items * 1000,
+        "cost_per_1k_items": settings.ops.hourly_price_usd * hours / items * 1000,
     }
 
 
@@ -111,7 +111,7 @@ def summary_markdown(
         ("items in / quarantined", f"{r.rows_in} / {r.rows_quarantined}"),
         ("interactions in / quarantined", f"{r.interactions_in} / {r.interactions_quarantined}"),
         ("items scored (computed / reused)", f"{r.rows_scored} ({r.rows_computed} / {r.rows_reused})"),
-        ("texts truncated", _truncated(r.truncated_texts, r.rows_computed, settings.max_seq_length)),
+        ("texts truncated", _truncated(r.truncated_texts, r.rows_computed, settings.encoder.max_seq_length)),
         ("users with candidates", str(r.users_with_candidates)),
         ("padding efficiency", _number(r.padding_efficiency) if computed else NOTHING_ENCODED),
         ("texts/s (encode)", _number(r.texts_per_s, 1) if computed else NOTHING_ENCODED),
@@ -119,12 +119,12 @@ def summary_markdown(
         ("wall", f"{r.wall_seconds:.1f} s"),
         ("encode mode", _engine(r)),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
-        (f"cost per 1k items (at ${settings.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
+        (f"cost per 1k items (at ${settings.ops.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
     lines = [
         f"# Scoring run {r.run_id}",
         "",
-        *_warnings(r.truncated_texts, r.rows_computed, settings.max_seq_length),
+        *_warnings(r.truncated_texts, r.rows_computed, settings.encoder.max_seq_length),
         "| | |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in rows),

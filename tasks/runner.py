@@ -17,8 +17,9 @@ from typing import Any
 from prefect.futures import PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from core.environment import apply_runtime_defaults, worker_environment
 from core.errors import UsageError
-from core.settings import Settings, apply_runtime_defaults, current_settings, load_settings, worker_environment
+from core.settings import Settings, current_settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
             return self._start(ThreadPoolTaskRunner(max_workers=1))
         cfg = current_settings()
         self._start(build_runner(cfg))
-        self._options = remote_resources(cfg) if cfg.task_runner == "ray" else {}
-        log.info("task runner: %s%s", cfg.task_runner, f" (each submitted task: {self._options})" if self._options else "")
+        self._options = remote_resources(cfg) if cfg.ops.task_runner == "ray" else {}
+        log.info("task runner: %s%s", cfg.ops.task_runner, f" (each submitted task: {self._options})" if self._options else "")
         return self
 
     def _start(self, delegate: TaskRunner[Any]) -> SettingsTaskRunner:
@@ -108,7 +109,7 @@ class SettingsTaskRunner(TaskRunner[PrefectFuture[Any]]):
 
 def build_runner(cfg: Settings) -> TaskRunner[Any]:
     """Return the (unstarted) task runner the settings name; ray needs a real Prefect server."""
-    if cfg.task_runner == "local":
+    if cfg.ops.task_runner == "local":
         # One shard at a time: the encoder already uses every core (or the one GPU).
         return ThreadPoolTaskRunner(max_workers=1)
     api_url = prefect_api_url()
@@ -119,7 +120,7 @@ def build_runner(cfg: Settings) -> TaskRunner[Any]:
         )
     from prefect_ray import RayTaskRunner
 
-    client = cfg.ray_address if cfg.ray_address and cfg.ray_address.startswith("ray://") else None
+    client = cfg.ops.ray_address if cfg.ops.ray_address and cfg.ops.ray_address.startswith("ray://") else None
     return RayTaskRunner(address=client, init_kwargs=ray_init_kwargs(cfg, api_url))
 
 
@@ -142,17 +143,17 @@ def prefect_api_url() -> str | None:
 def ray_init_kwargs(cfg: Settings, api_url: str) -> dict[str, Any]:
     """Return ray.init's keyword arguments: which cluster, and the workers' environment and setup hook."""
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env(cfg, api_url), "worker_process_setup_hook": SETUP_HOOK}}
-    if cfg.ray_address is None:
+    if cfg.ops.ray_address is None:
         # "local" always starts a new Ray here: a bare ray.init() would join any cluster already on the machine.
-        kwargs.update(address="local", num_cpus=cfg.ray_num_cpus, include_dashboard=False)
-    elif not cfg.ray_address.startswith("ray://"):
-        kwargs["address"] = cfg.ray_address
+        kwargs.update(address="local", num_cpus=cfg.ops.ray_num_cpus, include_dashboard=False)
+    elif not cfg.ops.ray_address.startswith("ray://"):
+        kwargs["address"] = cfg.ops.ray_address
     return kwargs
 
 
 def shard_threads(cfg: Settings) -> int:
     """Return the CPUs (and torch threads) one shard task gets on a CPU cluster."""
-    return cfg.num_threads or 1
+    return cfg.encoder.num_threads or 1
 
 
 def worker_env(cfg: Settings, api_url: str) -> dict[str, str]:
@@ -185,4 +186,4 @@ def setup_worker() -> None:
     cfg = load_settings()
     apply_runtime_defaults(cfg)
     configure_logging()
-    log.info("ray worker %d ready: %d torch threads", os.getpid(), configure_threads(cfg.num_threads))
+    log.info("ray worker %d ready: %d torch threads", os.getpid(), configure_threads(cfg.encoder.num_threads))

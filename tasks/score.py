@@ -24,6 +24,7 @@ from models.encoder.engine import encode_texts
 from models.encoder.loader import get_encoder
 from models.topics import topic_scores
 from storage.resources import lake_for
+from tasks.encode import planned_spec
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,9 @@ SCORE_BLOCK = 16_384  # item_ids per range of the external sort that orders item
 def score_items(run: RunRef, plan: Plan, shards: Sequence[ShardResult]) -> Scored:
     """Produce item_scores.parquet: every planned item's embedding with its zero-shot topic and topic_score."""
     started, lake, cfg = time.perf_counter(), lake_for(run.settings), run.settings
-    encoder = get_encoder(plan.spec)
-    names = list(cfg.topic_labels)
-    labels, _ = encode_texts(encoder, [cfg.topic_labels[n] for n in names])
+    encoder = get_encoder(planned_spec(run.settings, plan.engine))
+    names = list(cfg.topics.labels)
+    labels, _ = encode_texts(encoder, [cfg.topics.labels[n] for n in names])
     bounds = range_bounds(lake.read_parquet(plan.plan_uri, "plan", columns=["item_id"]).get_column("item_id"))
     counts = {"plan": 0, "scored": 0}
     with RangeSpill(bounds) as spill:
@@ -69,7 +70,7 @@ def _scored_block(
 ) -> pl.DataFrame:
     """Return range r of item_scores: plan rows joined 1:1 with their vectors, sorted by item_id, topics added."""
     scored = spill.read("plan", r).join(spill.read("vectors", r), on="item_id", how="inner", validate="1:1").sort("item_id")
-    best, prob = topic_scores(scored.get_column("embedding").to_numpy(), labels, run.settings.topic_temperature)
+    best, prob = topic_scores(scored.get_column("embedding").to_numpy(), labels, run.settings.topics.temperature)
     counts["scored"] += scored.height
     return scored.select(
         pl.lit(run.run_id).alias("run_id"),

@@ -20,19 +20,20 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from core.environment import apply_runtime_defaults
 from core.errors import UsageError, WarehouseMissing
 from core.records import RunRef
 from core.run_context import RunContext, make_run_id, parse_run_date, run_folder
-from core.settings import Settings, apply_runtime_defaults, current_settings
+from core.settings import Settings, current_settings
 from core.stop import chain_stop_handler
 from models.encoder.files import embedding_dim
+from models.encoder.spec import EncoderSpec
 from nightscore.demo import generate_demo_data
 from storage import leases
 from storage.lake import Lake
 from storage.publication import reconcile_cache
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse.base import Warehouse
-from tasks.encode import encoder_spec
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,14 @@ def start_run(
     chain_stop_handler()  # runs in the flow's main thread: SIGTERM now also stops worker threads gracefully
     cfg = current_settings()
     apply_runtime_defaults(cfg)
-    lake, dim = lake_for(cfg), embedding_dim(encoder_spec(cfg))
+    lake, dim = lake_for(cfg), embedding_dim(EncoderSpec.from_settings(cfg))
     warehouse = warehouse_for(cfg, dim)
     with cache_for(cfg) as cache:
         reconcile_cache(warehouse, cache)
     day = target_date(warehouse, run_date, resume)
     token = str(flow_run.get_id() or uuid.uuid4())
     lease = leases.hold(
-        warehouse, warehouse_for(cfg), day, token, cfg.run_lease_ttl_s, cfg.run_lease_wait_s, say=get_run_logger().warning
+        warehouse, warehouse_for(cfg), day, token, cfg.ops.run_lease_ttl_s, cfg.ops.run_lease_wait_s, say=get_run_logger().warning
     )
     run = _open(lake, warehouse, flow_name, day, items_uri, interactions_uri, resume)
     lease.attach(run.run_id)
@@ -201,5 +202,5 @@ def new_run(lake: Lake, flow_name: str, run_date: str, items_uri: str, interacti
 
 def run_ref(run: RunContext, settings: Settings, dim: int | None = None) -> RunRef:
     """Return the reference of a run (its identity, as run.json holds it) with the settings it runs under."""
-    width = dim if dim is not None else embedding_dim(encoder_spec(settings))
+    width = dim if dim is not None else embedding_dim(EncoderSpec.from_settings(settings))
     return RunRef(**{f.name: getattr(run, f.name) for f in fields(RunContext)}, settings=settings, embedding_dim=width)

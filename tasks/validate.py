@@ -37,7 +37,7 @@ def validate_inputs(run: RunRef, ingested: Ingested) -> Validated:
     lake, warehouse = lake_for(run.settings), warehouse_for(run.settings, run.embedding_dim)
     try:
         items, interactions = apply_row_contracts(lake, run, ingested)
-        enforce_quarantine_share(items, interactions, run.settings.quarantine_max_share)
+        enforce_quarantine_share(items, interactions, run.settings.contracts.quarantine_max_share)
     except ContractViolation:
         record_quarantine(lake, warehouse, run)
         raise
@@ -60,9 +60,9 @@ def validate_inputs(run: RunRef, ingested: Ingested) -> Validated:
 def apply_row_contracts(lake: Lake, run: RunRef, ingested: Ingested) -> tuple[RowContract, RowContract]:
     """Validate both inputs batch by batch; write their valid rows and the quarantine; return what each pass kept."""
     rules = InputRules(
-        not_after=run.reference_time + timedelta(hours=run.settings.future_tolerance_hours),
-        max_text_chars=run.settings.max_text_chars,
-        duplicate_policy=run.settings.duplicate_id_policy,
+        not_after=run.reference_time + timedelta(hours=run.settings.contracts.future_tolerance_hours),
+        max_text_chars=run.settings.contracts.max_text_chars,
+        duplicate_policy=run.settings.contracts.duplicate_id_policy,
     )
     ids = lake.read_parquet(ingested.items_uri, "items", columns=["item_id", "created_at"])  # id columns only
     duplicates = duplicate_rows(ids, rules.duplicate_policy)

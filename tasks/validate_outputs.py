@@ -26,11 +26,11 @@ def validate_outputs(run: RunRef, plan: Plan, validated: Validated, scored: Scor
     started, lake, cfg = time.perf_counter(), lake_for(run.settings), run.settings
     tally, scores_view = ItemScoreTally(), ViewBuilder()
     for batch in lake.iter_frames(scored.uri, "item_scores", batch_size=BATCH_ROWS):  # embeddings never all at once
-        tally.add(scores_view.add(batch), list(cfg.topic_labels))
+        tally.add(scores_view.add(batch), list(cfg.topics.labels))
     enforce(tally.failures(plan.items), "item_scores")
     frame = lake.read_parquet(candidates.uri, "user_candidates")
     interactions = lake.read_parquet(validated.interactions_uri, "interactions", columns=["user_id", "item_id"])
-    enforce(candidate_failures(frame, interactions, tally.rows, cfg.top_k), "user_candidates")
+    enforce(candidate_failures(frame, interactions, tally.rows, cfg.candidates.top_k), "user_candidates")
     suites = gate(
         lake, warehouse_for(cfg), run, {"item_scores": scores_view.view(), "user_candidates": view_of(frame)}, validated.users
     )

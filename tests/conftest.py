@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.tiny_model import FOLDER, NAME, write_tiny_model
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Make every test process offline, quiet and independent of the developer's Prefect profile."""
@@ -30,6 +32,14 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("NIGHTSCORE_LAKE_URL", "NIGHTSCORE_WAREHOUSE_URL", "NIGHTSCORE_CACHE_URL"):
         monkeypatch.delenv(name, raising=False)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """Return the folder of the session's tiny random encoder (tests/tiny_model.py), written once for all workers."""
+    folder = write_tiny_model(_session_root(tmp_path_factory, worker_id) / NAME)
+    FOLDER[:] = [folder]
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +76,11 @@ def calibrated_engine_cache(tmp_path_factory: pytest.TempPathFactory, worker_id:
     cache, marker = root / "engine-cache", root / "engine-cache-calibrated.json"
     with FileLock(str(root / "engine-cache.lock")):
         if not marker.exists():
-            from core.settings import Settings
+            from core.settings import EncoderSettings, Settings
             from models.encoder.loader import load_encoder
-            from tasks.encode import encoder_spec
+            from models.encoder.spec import EncoderSpec
 
-            encoder = load_encoder(encoder_spec(Settings(engine_cache_dir=cache)))
+            encoder = load_encoder(EncoderSpec.from_settings(Settings(encoder=EncoderSettings(engine_cache_dir=cache))))
             marker.write_text(json.dumps({"mode": encoder.mode.label}))
     return cache
 

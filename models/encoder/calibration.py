@@ -1,28 +1,34 @@
-"""`auto`: choose backend x precision x token budget by measurement at warm-up."""
+"""`auto`: choose backend x precision x token budget by measurement at warm-up.
+
+For every candidate the calibration measures fidelity against torch fp32 (min cosine over the probe texts and a
+corpus of mixed lengths) and throughput (real tokens/s through the engine, best of interleaved repeats); the
+fastest candidate that meets its floor wins (within 5% it is a tie, settled for less padding, then higher
+fidelity). A length multiple (batch lengths rounded up for a runtime's kernels) is tried only where its rounding
+keeps the calibration corpus's padding efficiency at the padding floor. Loading is the caller's (``load(mode)``);
+keeping the choice is calibration_store's.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
-from models.encoder.backends.base import Backend, BackendUnavailable
-from models.encoder.backends.registry import BACKENDS, load_backend, unavailable_reason
+from models.encoder.backends.base import BackendUnavailable
+from models.encoder.backends.registry import BACKENDS, unavailable_reason
 from models.encoder.device import device_kind
+from models.encoder.engine import encode_texts
 from models.encoder.precision import PROBE_TEXTS, Fidelity, fidelity, floor_for
-from models.encoder.spec import Mode
+from models.encoder.spec import Calibration, EncoderSpec, Mode
 from models.encoder.st_layout import ModelInfo
+from models.encoder.text_encoder import TextEncoder, probe_fidelity
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-    from models.encoder.spec import EncoderSpec
-    from models.encoder.text_encoder import TextEncoder
+Loader = Callable[[Mode], TextEncoder]  # the loader's load(mode): the model's encoder in a mode
 
 log = logging.getLogger(__name__)
 
@@ -67,29 +73,6 @@ class Trial:
             "padding_efficiency": round(self.padding_efficiency, 4),
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
             "note": self.note,
-        }
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The outcome of auto: the chosen mode, its fidelity and speed, where and how it was decided."""
-
-    mode: Mode
-    fidelity: Fidelity
-    tokens_per_s: float
-    device_kind: str
-    seconds: float
-    from_cache: bool
-    table: list[dict[str, object]] = field(default_factory=list)
-
-    def summary(self) -> dict[str, object]:
-        """Return the calibration's fields for run records and artifacts."""
-        return {
-            "calibration_device_kind": self.device_kind,
-            "calibration_tokens_per_s": round(self.tokens_per_s, 1),
-            "calibration_seconds": round(self.seconds, 2),
-            "calibration_from_cache": self.from_cache,
-            "calibration_candidates": self.table,
         }
 
 
@@ -158,52 +141,25 @@ def shape_multiples(lengths: list[int], padding_floor: float) -> tuple[int, ...]
 
 
 def run_calibration(
-    spec: EncoderSpec, info: ModelInfo, module: torch.nn.Module, tokenizer: Tokenizer, device: torch.device, threads: int
-) -> tuple[Backend, Calibration]:
-    """Return (the winner's loaded backend, the calibration) after measuring every candidate here."""
-    from models.encoder.loader import _request
-    from models.encoder.text_encoder import TextEncoder
+    spec: EncoderSpec, info: ModelInfo, tokenizer: Tokenizer, device: torch.device, threads: int, load: Loader
+) -> tuple[TextEncoder, Calibration]:
+    """Return (the winner's loaded encoder, the calibration) after measuring every candidate here.
 
+    ``load(mode)`` returns the model's encoder in a mode (the loader's; the calibration never loads a backend itself).
+    """
     started = time.perf_counter()
     tried = budgets(spec, device)
     default = tried[len(tried) // 2]
     corpus = calibration_texts(tokenizer, info.max_seq_length, 2 * max(tried))
-    reference = TextEncoder(
-        info, tokenizer, load_backend("torch", _request(spec, info, module, "fp32", device, threads)), device, default
-    )
-    expected = _vectors(reference, corpus)
+    reference = load(Mode("torch", "fp32", default))
     loaded: dict[tuple[str, str, int], TextEncoder] = {}
-    trials: list[Trial] = []
-    encoders: list[tuple[Trial, TextEncoder]] = []
-    for backend_name, precision in candidates(spec, device):
-        trial = Trial(Mode(backend_name, precision, default), floor_for(precision, spec.float_floor, spec.int8_floor))
-        trials.append(trial)
-        encoder = _try_load(spec, info, module, tokenizer, device, threads, trial, reference)
-        if encoder is not None:
-            encoders.append((trial, encoder))
-    _screen(encoders, calibration_texts(tokenizer, info.max_seq_length, default, seed=2))
-    for trial, encoder in encoders:
-        if trial.note:
-            continue
-        trial.fidelity = _combined_fidelity(reference, encoder, expected, corpus)
-        if trial.meets_floor:
-            loaded[_key(trial.mode)] = encoder
-        else:
-            trial.note = f"under floor {trial.floor}"
+    trials = _screened_trials(spec, device, default, load, reference, loaded, corpus, tokenizer, info)
     _time_trials([t for t in trials if t.meets_floor], loaded, corpus, reference)
     finalists = sorted((t for t in trials if t.meets_floor), key=lambda t: -t.tokens_per_s)[:FINALISTS]
-
-    def load(mode: Mode) -> TextEncoder:
-        request = _request(spec, info, module, mode.precision, device, threads, tokenizer, mode.streams)
-        return TextEncoder(info, tokenizer, load_backend(mode.backend, request), device, mode.token_budget)
-
     _load_streams(finalists, loaded, threads, load)
     lengths = [min(len(tokenizer.encode(text).ids), info.max_seq_length) for text in corpus]
     trials += _sweep(finalists, loaded, corpus, tried, reference, shape_multiples(lengths, spec.padding_floor))
-    ok = [t for t in trials if t.meets_floor and t.tokens_per_s > 0]
-    if not ok:
-        raise BackendUnavailable("no candidate met its fidelity floor: " + "; ".join(f"{t.mode.label}: {t.note}" for t in trials))
-    best = choose(ok)
+    best = _best(trials)
     winner = loaded.get(_key(best.mode), reference)
     winner.backend.length_multiple = best.mode.length_multiple
     assert best.fidelity is not None
@@ -224,7 +180,49 @@ def run_calibration(
         calibration.seconds,
         len(trials),
     )
-    return winner.backend, calibration
+    return winner, calibration
+
+
+def _screened_trials(
+    spec: EncoderSpec,
+    device: torch.device,
+    default: int,
+    load: Loader,
+    reference: TextEncoder,
+    loaded: dict[tuple[str, str, int], TextEncoder],
+    corpus: list[str],
+    tokenizer: Tokenizer,
+    info: ModelInfo,
+) -> list[Trial]:
+    """Return a trial per candidate, loaded, screened on one batch and checked for fidelity; those over their floor
+    are kept in ``loaded``."""
+    trials: list[Trial] = []
+    encoders: list[tuple[Trial, TextEncoder]] = []
+    for backend_name, precision in candidates(spec, device):
+        trial = Trial(Mode(backend_name, precision, default), floor_for(precision, spec.float_floor, spec.int8_floor))
+        trials.append(trial)
+        encoder = _try_load(trial, reference, device, load)
+        if encoder is not None:
+            encoders.append((trial, encoder))
+    _screen(encoders, calibration_texts(tokenizer, info.max_seq_length, default, seed=2))
+    expected = _vectors(reference, corpus)
+    for trial, encoder in encoders:
+        if trial.note:
+            continue
+        trial.fidelity = _combined_fidelity(reference, encoder, expected, corpus)
+        if trial.meets_floor:
+            loaded[_key(trial.mode)] = encoder
+        else:
+            trial.note = f"under floor {trial.floor}"
+    return trials
+
+
+def _best(trials: list[Trial]) -> Trial:
+    """Return the winner among the measured trials over their floors; BackendUnavailable when there is none."""
+    ok = [t for t in trials if t.meets_floor and t.tokens_per_s > 0]
+    if not ok:
+        raise BackendUnavailable("no candidate met its fidelity floor: " + "; ".join(f"{t.mode.label}: {t.note}" for t in trials))
+    return choose(ok)
 
 
 def _screen(encoders: list[tuple[Trial, TextEncoder]], texts: list[str]) -> None:
@@ -251,9 +249,7 @@ def stream_counts(threads: int) -> list[int]:
     return sorted({n for n in (*STREAM_COUNTS, threads) if 1 < n <= threads})
 
 
-def _load_streams(
-    finalists: list[Trial], loaded: dict[tuple[str, str, int], TextEncoder], threads: int, load: Callable[[Mode], TextEncoder]
-) -> None:
+def _load_streams(finalists: list[Trial], loaded: dict[tuple[str, str, int], TextEncoder], threads: int, load: Loader) -> None:
     """Load each finalist of a multi-stream backend again with every stream count (its converted model is cached)."""
     for final in finalists:
         encoder = loaded.get(_key(final.mode))
@@ -264,20 +260,8 @@ def _load_streams(
             loaded[_key(mode)] = load(mode)
 
 
-def _try_load(
-    spec: EncoderSpec,
-    info: ModelInfo,
-    module: torch.nn.Module,
-    tokenizer: Tokenizer,
-    device: torch.device,
-    threads: int,
-    trial: Trial,
-    reference: TextEncoder,
-) -> TextEncoder | None:
+def _try_load(trial: Trial, reference: TextEncoder, device: torch.device, load: Loader) -> TextEncoder | None:
     """Return the candidate's encoder (the reference itself for torch fp32), or None with the reason noted."""
-    from models.encoder.loader import _request
-    from models.encoder.text_encoder import TextEncoder
-
     mode = trial.mode
     if (mode.backend, mode.precision) == ("torch", "fp32"):
         return reference
@@ -286,23 +270,18 @@ def _try_load(
         trial.note = f"skipped: {reason}"
         return None
     try:
-        backend = load_backend(mode.backend, _request(spec, info, module, mode.precision, device, threads, tokenizer))
+        return load(mode)
     except (BackendUnavailable, RuntimeError, ValueError) as exc:  # a runtime that cannot take this model
         trial.note = f"skipped: {type(exc).__name__}: {str(exc)[:160]}"
         return None
-    return TextEncoder(info, tokenizer, backend, device, mode.token_budget)
 
 
 def _vectors(encoder: TextEncoder, corpus: list[str]) -> np.ndarray:
-    from models.encoder.engine import encode_texts
-
     return encode_texts(encoder, corpus, encoder.token_budget)[0]
 
 
 def _combined_fidelity(reference: TextEncoder, encoder: TextEncoder, expected: np.ndarray, corpus: list[str]) -> Fidelity:
     """Return fidelity over the probe texts (one per batch) and the corpus (planned batches) together."""
-    from models.encoder.text_encoder import probe_fidelity
-
     probes = probe_fidelity(reference, encoder)
     planned = fidelity(expected, _vectors(encoder, corpus))
     return Fidelity(min(probes.min, planned.min), min(probes.p1, planned.p1), (probes.mean + planned.mean) / 2)
@@ -310,8 +289,6 @@ def _combined_fidelity(reference: TextEncoder, encoder: TextEncoder, expected: n
 
 def _throughput(encoder: TextEncoder, corpus: list[str], mode: Mode) -> tuple[float, float]:
     """Return (real tokens/s, padding efficiency) of one pass of the corpus through the engine in mode."""
-    from models.encoder.engine import encode_texts
-
     encoder.backend.length_multiple = mode.length_multiple
     try:
         _, stats = encode_texts(encoder, corpus, mode.token_budget)

@@ -7,19 +7,15 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from models.encoder.backends.base import write_atomically
-from models.encoder.calibration import Calibration, budgets, candidates
-from models.encoder.device import _slug, device_kind
+from models.encoder.calibration import budgets, candidates
+from models.encoder.device import device_kind, slug
 from models.encoder.precision import Fidelity
-from models.encoder.spec import Mode
+from models.encoder.spec import Calibration, EncoderSpec, Mode
 from models.encoder.st_layout import ModelInfo
-
-if TYPE_CHECKING:
-    from models.encoder.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +54,11 @@ def _version_of(package: str) -> str:
 def calibration_file(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Path:
     """Return where the choice for this model on this kind of machine is persisted."""
     assert spec.cache_dir is not None
-    return Path(spec.cache_dir) / "calibration" / device_kind(device, threads) / f"{_slug(info.version)}.json"
+    return Path(spec.cache_dir) / "calibration" / device_kind(device, threads) / f"{slug(info.version)}.json"
 
 
-def _read_persisted(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict | None:
+def read_persisted(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Calibration | None:
+    """Return the persisted choice for this spec on this kind of machine (from_cache True), or None (none, or stale)."""
     file = calibration_file(spec, info, device, threads)
     if not file.is_file():
         return None
@@ -73,20 +70,6 @@ def _read_persisted(spec: EncoderSpec, info: ModelInfo, device: torch.device, th
     if stored.get("key") != calibration_key(spec, info, device, threads):
         log.info("calibration file %s was made for other settings or runtimes: measuring again", file)
         return None
-    return stored
-
-
-def persisted_mode(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> Mode | None:
-    """Return the persisted choice for this spec on this kind of machine, or None when there is none (or stale)."""
-    stored = _read_persisted(spec, info, device, threads)
-    return Mode(**stored["mode"]) if stored else None
-
-
-def persisted_summary(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int) -> dict[str, object] | None:
-    """Return the persisted calibration's summary fields (as Calibration.summary, from_cache True), or None."""
-    stored = _read_persisted(spec, info, device, threads)
-    if stored is None:
-        return None
     return Calibration(
         Mode(**stored["mode"]),
         Fidelity(**stored["fidelity"]),
@@ -95,10 +78,10 @@ def persisted_summary(spec: EncoderSpec, info: ModelInfo, device: torch.device, 
         float(stored.get("seconds", 0.0)),
         True,
         stored["table"],
-    ).summary()
+    )
 
 
-def _persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int, calibration: Calibration) -> None:
+def persist(spec: EncoderSpec, info: ModelInfo, device: torch.device, threads: int, calibration: Calibration) -> None:
     """Write the choice atomically (temporary name, then rename)."""
     file = calibration_file(spec, info, device, threads)
     body = {

@@ -5,14 +5,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from core.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
 
 
 def resolve_device(device: str) -> torch.device:
@@ -43,10 +39,10 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx51
 def device_kind(device: torch.device, threads: int) -> str:
     """Return a file-safe name of the kind of machine: GPU name, or CPU model + relevant flags + threads."""
     if device.type == "cuda":
-        return _slug(f"cuda-{torch.cuda.get_device_name(device)}")
+        return slug(f"cuda-{torch.cuda.get_device_name(device)}")
     model, flags = cpu_model_and_flags()
     present = [f for f in CPU_FLAGS if f in flags]
-    return _slug(f"cpu-{model}-{'-'.join(present) or 'baseline'}-{threads}t")
+    return slug(f"cpu-{model}-{'-'.join(present) or 'baseline'}-{threads}t")
 
 
 def cpu_model_and_flags() -> tuple[str, set[str]]:
@@ -62,5 +58,6 @@ def cpu_model_and_flags() -> tuple[str, set[str]]:
     return model, flags
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """Return text made file-safe (letters, digits, _ . -), at most 160 characters."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:160]

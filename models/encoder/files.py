@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from core.errors import ModelLoadError, UsageError
+from core.errors import ModelLoadError
 from models.encoder.spec import EncoderSpec
 from models.encoder.st_layout import ModelInfo, read_model_info
 
 MODEL_NAME = "all-MiniLM-L6-v2"
-TINY_SEED = 0
-TINY_NAME = "tiny-bert-random"
 
 
 def model_dir(override: str | None = None) -> Path:
@@ -34,21 +31,15 @@ def model_dir(override: str | None = None) -> Path:
     return path
 
 
-_INFOS: dict[tuple[str, str | None, int], ModelInfo] = {}
+_INFOS: dict[tuple[str | None, int], ModelInfo] = {}
 
 
 def model_info(spec: EncoderSpec) -> ModelInfo:
     """Return the spec's ModelInfo (pooling, width, max length, content digest) without loading weights."""
-    key = (spec.kind, spec.model_path, spec.max_seq_length)
+    key = (spec.model_path, spec.max_seq_length)
     if key not in _INFOS:
-        if spec.kind == "tiny":
-            base = read_model_info(model_dir(), name=TINY_NAME, max_seq_length=spec.max_seq_length)
-            _INFOS[key] = replace(base, digest=f"seed{TINY_SEED}", model_type="bert")
-        elif spec.kind == "minilm":
-            name = None if spec.model_path else MODEL_NAME
-            _INFOS[key] = read_model_info(model_dir(spec.model_path), name=name, max_seq_length=spec.max_seq_length)
-        else:
-            raise UsageError(f"unknown encoder kind {spec.kind!r} (expected minilm or tiny)")
+        name = None if spec.model_path else MODEL_NAME
+        _INFOS[key] = read_model_info(model_dir(spec.model_path), name=name, max_seq_length=spec.max_seq_length)
     return _INFOS[key]
 
 
@@ -59,11 +50,10 @@ def embedding_dim(spec: EncoderSpec) -> int:
 
 def tokenizer_for(spec: EncoderSpec) -> Tokenizer:
     """Return the tokenizer of the spec's model (no padding, no truncation; cut to model_info(spec).max_seq_length)."""
-    info = model_info(spec)
-    return load_tokenizer(info.max_seq_length, None if spec.kind == "tiny" else str(info.path))
+    return load_tokenizer(str(model_info(spec).path))
 
 
-def load_tokenizer(max_seq_length: int, path: str | None = None) -> Tokenizer:
+def load_tokenizer(path: str | None = None) -> Tokenizer:
     """Return the model's fast tokenizer with no padding and no truncation (the engine does both)."""
     tokenizer = Tokenizer.from_file(str(model_dir(path) / "tokenizer.json"))
     tokenizer.no_padding()
@@ -80,24 +70,12 @@ def pad_id(tokenizer: Tokenizer) -> int:
     return 0
 
 
-def load_module(spec: EncoderSpec, info: ModelInfo) -> torch.nn.Module:
-    """Return the fp32 transformers model of a spec in eval mode (tiny: built from seed, no weights read)."""
-    import transformers
+def load_module(info: ModelInfo) -> torch.nn.Module:
+    """Return the fp32 transformers model of a model folder in eval mode (SDPA attention where it has one)."""
+    import transformers  # heavy: imported when a model is loaded, not when the engine's modules are
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if spec.kind == "tiny":
-        config = transformers.BertConfig(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
-            hidden_size=384,
-            num_hidden_layers=1,
-            num_attention_heads=6,
-            intermediate_size=384,
-            vocab_size=30522,
-            max_position_embeddings=512,
-            attn_implementation="sdpa",
-        )
-        torch.manual_seed(TINY_SEED)
-        return transformers.BertModel(config, add_pooling_layer=False).eval()
     try:
         model = transformers.AutoModel.from_pretrained(str(info.path), dtype=torch.float32, attn_implementation="sdpa")
     except (ValueError, ImportError):  # an architecture without SDPA support: its eager attention

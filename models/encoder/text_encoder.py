@@ -10,7 +10,6 @@ import torch
 from tokenizers import Tokenizer
 
 from models.encoder.backends.base import Backend
-from models.encoder.calibration import Calibration
 from models.encoder.files import pad_id
 from models.encoder.pooling import pool
 from models.encoder.precision import (
@@ -18,7 +17,7 @@ from models.encoder.precision import (
     Fidelity,
     fidelity,
 )
-from models.encoder.spec import Mode
+from models.encoder.spec import Calibration, Mode
 from models.encoder.st_layout import ModelInfo
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from core.settings import SOURCE_NAMES, CandidateSettings
 from models.recommender.evaluation import Split, metric_rows, metrics_of, time_split
 from models.recommender.fusion import Fused, FusionParams, TuningGrid, select_slots, tune_fusion, whole_union
 from models.recommender.ranker_features import FeatureContext, candidate_features, feature_context, feature_names
@@ -48,32 +49,74 @@ from models.recommender.sources.popularity import PopularityParams, fit_most_pop
 
 log = logging.getLogger(__name__)
 
-SOURCES: tuple[str, ...] = ("cooccurrence", "als", "content", "trending", "topic_trending")
+_DEFAULTS = CandidateSettings()
+SOURCES: tuple[str, ...] = SOURCE_NAMES
 
 
 @dataclass(frozen=True)
 class CandidateConfig:
-    """Every parameter of the candidate stage (each one a setting; see the integration note)."""
+    """Every parameter of the candidate stage; each one a setting (core.settings.CandidateSettings, its defaults)."""
 
-    k: int = 100
-    per_source: int = 100
-    holdout_share: float = 0.1
-    event_weights: Mapping[str, float] = field(default_factory=lambda: {"view": 1.0, "click": 2.0, "purchase": 4.0})
-    half_life_days: float = 14.0
+    k: int = _DEFAULTS.top_k
+    per_source: int = _DEFAULTS.per_source
+    holdout_share: float = _DEFAULTS.holdout_share
+    event_weights: Mapping[str, float] = field(default_factory=lambda: dict(_DEFAULTS.event_weights))
+    half_life_days: float = _DEFAULTS.recency_half_life_days
     sources: tuple[str, ...] = SOURCES
     cooccurrence: CooccurrenceParams = CooccurrenceParams()
     als: AlsParams = AlsParams()
     popularity: PopularityParams = PopularityParams()
     grid: TuningGrid = TuningGrid()
     ranker: RankerParams = RankerParams()
-    max_new_items: int = 100_000
-    user_chunk: int = 4096
+    max_new_items: int = _DEFAULTS.max_new_items
+    user_chunk: int = _DEFAULTS.user_chunk
     content_chunk: int = 2048
-    max_tune_users: int = 5_000
+    max_tune_users: int = _DEFAULTS.max_tune_users
     first_stage_check_share: float = 0.3
-    max_eval_users: int = 20_000
+    max_eval_users: int = _DEFAULTS.max_eval_users
     device: str = "cpu"
-    seed: int = 0
+    seed: int = _DEFAULTS.seed
+
+    @classmethod
+    def from_settings(cls, options: CandidateSettings, device: str = "cpu") -> CandidateConfig:
+        """Return the candidate stage's parameters from its settings (device: cpu, or auto for a GPU when there is one)."""
+        return cls(
+            k=options.top_k,
+            per_source=options.per_source,
+            holdout_share=options.holdout_share,
+            event_weights=dict(options.event_weights),
+            half_life_days=options.recency_half_life_days,
+            sources=tuple(options.sources),
+            cooccurrence=CooccurrenceParams(
+                options.cooc_max_history,
+                options.cooc_window,
+                options.cooc_neighbours,
+                options.cooc_alpha,
+                options.cooc_pairs_per_pass,
+            ),
+            als=AlsParams(
+                options.als_factors,
+                options.als_regularization,
+                options.als_alpha,
+                options.als_confidence,
+                iterations=options.als_iterations,
+                seed=options.seed,
+            ),
+            popularity=PopularityParams(options.trend_half_life_days, options.topic_smoothing),
+            grid=TuningGrid(new_quota=tuple(options.fusion_quota_grid), cold_target=options.fusion_cold_target),
+            ranker=RankerParams(
+                rounds=options.ranker_rounds,
+                learning_rate=options.ranker_learning_rate,
+                leaves=options.ranker_leaves,
+                seed=options.seed,
+            ),
+            user_chunk=options.user_chunk,
+            max_tune_users=options.max_tune_users,
+            max_eval_users=options.max_eval_users,
+            max_new_items=options.max_new_items,
+            device=device,
+            seed=options.seed,
+        )
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from core.settings import CandidateSettings
 from models.recommender.evaluation import Split, metrics_of
 from models.recommender.sources.base import Lists
 
@@ -212,15 +213,18 @@ def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -
     return select(union_of(lists), params, is_new)
 
 
+_DEFAULTS = CandidateSettings()
+
+
 @dataclass(frozen=True)
 class TuningGrid:
     """The values tune_fusion tries."""
 
     weights: Sequence[float] = (0.0, 0.3, 1.0, 3.0)
     rrf_k: Sequence[float] = (5.0, 20.0, 60.0)
-    new_quota: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.3)
+    new_quota: Sequence[float] = tuple(_DEFAULTS.fusion_quota_grid)
     rounds: int = 2
-    cold_target: float = 0.3
+    cold_target: float = _DEFAULTS.fusion_cold_target
     fixed: Mapping[str, float] = field(default_factory=dict)
     quota_lists: Sequence[str] = ("content_new",)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from core.settings import CandidateSettings
 from models.recommender.evaluation import Split
 from models.recommender.ranker_models import LgbmScorer, MlpScorer, Scorer, lgbm_from_booster, mlp_from_net
 from models.recommender.ranker_net import TrainConfig, fit_net
@@ -23,19 +24,22 @@ from models.recommender.ranker_net import TrainConfig, fit_net
 log = logging.getLogger(__name__)
 
 
+_DEFAULTS = CandidateSettings()
+
+
 @dataclass(frozen=True)
 class RankerParams:
     """Hyper-parameters of both kinds."""
 
-    rounds: int = 300
-    learning_rate: float = 0.05
-    leaves: int = 31
+    rounds: int = _DEFAULTS.ranker_rounds
+    learning_rate: float = _DEFAULTS.ranker_learning_rate
+    leaves: int = _DEFAULTS.ranker_leaves
     min_data_in_leaf: int = 20
     early_stopping_rounds: int = 30
     stopping_share: float = 0.2
     mlp: TrainConfig = TrainConfig(hidden=32, epochs=8, batch_size=1024, learning_rate=5e-3)
     threads: int = 0
-    seed: int = 0
+    seed: int = _DEFAULTS.seed
 
 
 @dataclass(frozen=True)

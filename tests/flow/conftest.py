@@ -10,12 +10,14 @@ import pytest
 
 from tests import servers
 from tests.helpers import UNGATED
+from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture
 def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
     """Return a home configured for fast flow runs: tiny encoder, shards of 64, K=20."""
-    monkeypatch.setenv("NIGHTSCORE_ENCODER", "tiny")
+    for name, value in tiny_environment().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
     monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
     for name, value in UNGATED.items():

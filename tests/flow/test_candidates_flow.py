@@ -59,7 +59,7 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
     assert serving["neighbours"] == f"serving/{published.run_id}/neighbours.parquet"
     neighbours = read_neighbours(lake, serving["neighbours"])
     per_item = neighbours.group_by("item_id").len().get_column("len").to_list()
-    assert neighbours.height > 0 and max(per_item) <= load_settings().cooc_serving_neighbours
+    assert neighbours.height > 0 and max(per_item) <= load_settings().candidates.cooc_serving_neighbours
     with cache_for(load_settings()) as cache:
         user = warehouse.query("SELECT user_id FROM latest_user_candidates LIMIT 1").rows[0][0]
         cached = cache.read(user)

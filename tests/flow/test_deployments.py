@@ -28,6 +28,7 @@ import pytest
 from tests import prefect_rest as rest
 from tests.helpers import UNGATED, demo_inputs
 from tests.servers import free_port, prefect_server
+from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -51,7 +52,7 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     # Callbacks go to a recorder on 127.0.0.1: a loopback address the default settings refuse.
     env.update(
         NIGHTSCORE_HOME=str(home),
-        NIGHTSCORE_ENCODER="tiny",
+        **tiny_environment(),
         **UNGATED,
         NIGHTSCORE_SHARD_SIZE="100",
         NIGHTSCORE_TOP_K="20",

@@ -14,6 +14,7 @@ from storage.lake import Lake
 from tests.flow.test_resilience import CLI
 from tests.helpers import UNGATED
 from tests.servers import ResettingProxy, proxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
+from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def command(*args: str, home: Path, bucket: str, endpoint: str, api: str | None 
         NIGHTSCORE_LAKE_RETRIES="1",
         NIGHTSCORE_LAKE_RETRY_BACKOFF_S="0.1",
         AWS_MAX_ATTEMPTS="1",
-        NIGHTSCORE_ENCODER="tiny",
+        **tiny_environment(),
         **UNGATED,
     )
     if api:

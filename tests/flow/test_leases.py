@@ -7,6 +7,7 @@ wrote, staged and published the same folder. Now the first holds the date's leas
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from tests.flow.test_resilience import CLI, RUN_DATE
 from tests.helpers import UNGATED, demo_inputs, nightly_command
 from tests.servers import wait_for
+from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +31,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    child.update(
-        PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env
-    )
+    child.update(PREFECT_API_URL=api, **tiny_environment(), **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         nightly_command(CLI, inputs, RUN_DATE, home),
@@ -57,7 +57,7 @@ def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_en
     tmp_path: Path, inputs: Path, prefect_api: str
 ) -> None:
     home = tmp_path / "home"
-    first = attempt(home, inputs, prefect_api, "first", NIGHTSCORE_FAULT_PAUSE_AT="shard:1")
+    first = attempt(home, inputs, prefect_api, "first", NIGHTSCORE_FAILPOINTS=json.dumps({"shard:1": "pause"}))
     wait_for((home / "faults" / "shard-1.reached").exists, 180, first, "first attempt paused mid-encode")
     [(run_id, status)] = runs(home)
     assert status == "running"

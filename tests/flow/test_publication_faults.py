@@ -12,6 +12,7 @@ before each test that needs them (their records hold absolute paths, so the fold
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +136,7 @@ def test_every_failure_point_leaves_warehouse_cache_and_lake_agreeing(
     if point == "serving-features":
         block_serving_features()
     else:
-        monkeypatch.setenv("NIGHTSCORE_FAULT_FAIL_AT", point)
+        monkeypatch.setenv("NIGHTSCORE_FAILPOINTS", json.dumps({point: "enospc"}))
 
     with pytest.raises(Exception):
         run(folder, DAYS[1] if setup == "same-date" else DAYS[2])

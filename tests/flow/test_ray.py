@@ -22,6 +22,7 @@ from core.errors import UsageError
 from core.settings import load_settings
 from tasks.runner import build_runner
 from tests.helpers import UNGATED, demo_inputs, nightly_command
+from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -40,7 +41,7 @@ def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "RAY_"))}
     base.update(
         PREFECT_API_URL=api,
-        NIGHTSCORE_ENCODER="tiny",
+        **tiny_environment(),
         **UNGATED,
         NIGHTSCORE_SHARD_SIZE="40",
         NIGHTSCORE_TOP_K="20",

@@ -8,6 +8,7 @@ keeps runs short; shards of 40 rows give several checkpoints to kill between.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
 from tests.helpers import UNGATED, demo_inputs, nightly_command, restore_tree
 from tests.servers import wait_for
+from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -41,9 +43,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, items: Path | None = None) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` on the inputs; output goes to <home>.log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    env.update(PREFECT_API_URL=api, NIGHTSCORE_ENCODER="tiny", **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
+    env.update(PREFECT_API_URL=api, **tiny_environment(), **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
     if pause_at:
-        env["NIGHTSCORE_FAULT_PAUSE_AT"] = pause_at
+        env["NIGHTSCORE_FAILPOINTS"] = json.dumps({pause_at: "pause"})
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         nightly_command(CLI, inputs, RUN_DATE, home, items),

@@ -25,6 +25,7 @@ from tests import prefect_rest as rest
 from tests.flow.test_deployments import CLI, wait_final
 from tests.helpers import UNGATED
 from tests.servers import PREFECT
+from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     env.update(
         PREFECT_API_URL=prefect_api,
         NIGHTSCORE_HOME=str(home),
-        NIGHTSCORE_ENCODER="tiny",
+        **tiny_environment(),
         **UNGATED,
         NIGHTSCORE_WORK_POOL_CONCURRENCY="1",
         PREFECT_WORKER_QUERY_SECONDS="1",

@@ -102,13 +102,12 @@ def save_random_model(arch: Arch, folder: Path, seed: int = 0) -> Path:
 def int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
     """Return the int8 BackendRequest of the model in folder on 2 CPU threads (its calibration and validation batches)."""
     from models.encoder.files import load_module, load_tokenizer, model_info
-    from models.encoder.loader import _request
+    from models.encoder.loader import backend_request
     from models.encoder.spec import EncoderSpec
 
     spec = EncoderSpec(device="cpu", model_path=str(folder), int8_floor=floor)
     info = model_info(spec)
-    module = load_module(spec, info)
-    return _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(info.path)))
+    return backend_request(spec, info, load_module(info), "int8", torch.device("cpu"), 2, load_tokenizer(str(info.path)))
 
 
 def int8_search_inputs(folder: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:

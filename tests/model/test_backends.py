@@ -248,11 +248,11 @@ def test_unsupported_layouts_are_refused_clearly(folders: dict[str, Path], tmp_p
         read_model_info(path)
 
 
-def test_resolve_spec_pins_autos_choice_for_shard_workers(bert_cache: tuple[EncoderSpec, TextEncoder], tmp_path: Path) -> None:
-    from models.encoder.loader import resolve_spec
+def test_resolve_mode_pins_autos_choice_for_shard_workers(bert_cache: tuple[EncoderSpec, TextEncoder], tmp_path: Path) -> None:
+    from models.encoder.loader import resolve_mode
 
     spec, chosen = bert_cache
-    pinned = resolve_spec(spec)
+    pinned = spec.pinned(resolve_mode(spec))
     assert (pinned.backend, pinned.precision, pinned.token_budget, pinned.length_multiple) == (
         chosen.backend.name,
         chosen.backend.precision,

@@ -34,11 +34,11 @@ TEXTS = [
 
 
 def _device() -> torch.device:
-    return resolve_device(load_settings().device)
+    return resolve_device(load_settings().encoder.device)
 
 
 def _spec(device: torch.device, backend: str, precision: str, cache_dir: Path | None = None) -> EncoderSpec:
-    model = load_settings().model
+    model = load_settings().encoder.model
     cache = str(cache_dir) if cache_dir else None
     return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model, cache_dir=cache)
 
@@ -67,7 +67,7 @@ def test_precision_against_fp32_on_the_device_and_on_cpu(
     reason = unavailable_reason(backend, precision, device)
     if reason:
         pytest.skip(f"{backend}/{precision} on {device.type}: {reason}")
-    shared = (backend, precision, device.type, load_settings().model) == ("openvino", "int8", "cpu", None)
+    shared = (backend, precision, device.type, load_settings().encoder.model) == ("openvino", "int8", "cpu", None)
     cache = request.getfixturevalue("minilm_int8").cache_dir if shared else None  # MiniLM's int8 searched once
     encoder = load_encoder(_spec(device, backend, precision, cache))  # refused (FidelityRefused) if under its floor
     out, stats = encode_texts(encoder, TEXTS)

@@ -14,6 +14,7 @@ from models.encoder.loader import get_encoder, load_encoder
 from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
+from tests.tiny_model import tiny_spec
 
 if TYPE_CHECKING:
     from tests.conftest import SharedInt8
@@ -99,7 +100,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def minilm() -> TextEncoder:
-    return get_encoder(EncoderSpec(kind="minilm", device="cpu"))
+    return get_encoder(EncoderSpec(device="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +176,7 @@ def test_other_modes_against_sentence_transformers(
         pytest.skip(f"{backend}/{precision}: {reason}")
     static_int8 = (backend, precision) == ("openvino", "int8")
     cache = request.getfixturevalue("minilm_int8").cache_dir if static_int8 else tmp_path
-    encoder = load_encoder(EncoderSpec(kind="minilm", device="cpu", backend=backend, precision=precision, cache_dir=str(cache)))
+    encoder = load_encoder(EncoderSpec(device="cpu", backend=backend, precision=precision, cache_dir=str(cache)))
     out, _ = encode_texts(encoder, TEXTS)
     cos = cos_rows(out, reference)
     floor = 0.99 if precision == "int8" else (0.9999 if precision == "fp32" else 0.999)
@@ -223,5 +224,5 @@ def test_torch_dynamic_quantisation_would_be_under_the_int8_floor(minilm: TextEn
 
 
 def test_a_precision_over_its_floor_runs_and_is_versioned() -> None:
-    encoder = load_encoder(EncoderSpec(kind="tiny", device="cpu", precision="int8"))
+    encoder = load_encoder(tiny_spec(device="cpu", precision="int8"))
     assert encoder.version.endswith("+torch-int8") and 0.99 <= encoder.fidelity.min <= 1.0001

@@ -30,7 +30,7 @@ from models.encoder.backends.registry import unavailable_reason
 from models.encoder.calibration import stream_counts
 from models.encoder.engine import encode_texts
 from models.encoder.files import load_module, load_tokenizer, model_info
-from models.encoder.loader import _request, load_encoder
+from models.encoder.loader import backend_request, load_encoder
 from models.encoder.precision import FidelityRefused
 from models.encoder.spec import EncoderSpec
 from tests.helpers import cos_rows
@@ -124,11 +124,11 @@ def test_the_timing_batch_is_planned_size_and_models_are_timed_alike(bert: Path)
 
 
 def test_auto_asks_int8_to_beat_float_and_a_pinned_int8_does_not(bert: Path) -> None:
-    tokenizer = load_tokenizer(128, str(bert))
+    tokenizer = load_tokenizer(str(bert))
     for precision, expected in (("auto", 1.05), ("int8", 0.0)):
         spec = EncoderSpec(device="cpu", model_path=str(bert), precision=precision)
         info = model_info(spec)
-        request = _request(spec, info, load_module(spec, info), "int8", torch.device("cpu"), 2, tokenizer)
+        request = backend_request(spec, info, load_module(info), "int8", torch.device("cpu"), 2, tokenizer)
         assert request.int8_min_speedup == expected
 
 

@@ -15,7 +15,7 @@ from models.encoder.backends.openvino_int8.search import matmul_roles
 from models.encoder.backends.openvino_int8.shared_statistics import SharedStatistics
 from models.encoder.backends.registry import unavailable_reason
 from models.encoder.files import load_module, load_tokenizer, model_info
-from models.encoder.loader import _request
+from models.encoder.loader import backend_request
 from models.encoder.spec import EncoderSpec
 from tests.model.st_models import ARCHS, save_random_model
 
@@ -31,8 +31,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str,
     folder = save_random_model(ARCHS[0], tmp_path_factory.mktemp("shared-stats"), seed=5)
     spec = EncoderSpec(device="cpu", model_path=str(folder))
     info = model_info(spec)
-    module = load_module(spec, info)
-    request = _request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(info.max_seq_length, str(folder)))
+    module = load_module(info)
+    request = backend_request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(str(folder)))
     calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
     return convert(module), calibration
 

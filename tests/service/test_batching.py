@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import Settings
+from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
 from serving.batcher import DirectScoring, MicroBatcher
 from serving.config import serving_config
@@ -86,7 +86,8 @@ def test_concurrent_http_requests_get_the_offline_order_either_way(served: Serve
     with SqliteCache(location, "nstest") as cache:
         publish(cache, "r1", served.entries)
     config = serving_config(
-        Settings(cache_url=location, cache_prefix="nstest", lake_url=str(served.lake_root)), batching=batching
+        Settings(cache=CacheSettings(url=location, prefix="nstest"), lake=LakeSettings(url=str(served.lake_root))),
+        batching=batching,
     )
     users = sorted(served.entries)[:24]
     with TestClient(create_app(config)) as client, ThreadPoolExecutor(8) as pool:

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import Settings
+from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
 from serving.config import serving_config
 from serving.ranking import load_run
@@ -39,7 +39,7 @@ def _clients(served: Served, location: tuple[str, str], run_id: str, *boosts: fl
     cache: CandidateCache = RedisCache(url, prefix) if url.startswith("redis://") else SqliteCache(url, prefix)
     with cache:
         publish(cache, run_id, served.entries)
-    settings = Settings(cache_url=url, cache_prefix=prefix, lake_url=str(served.lake_root))
+    settings = Settings(cache=CacheSettings(url=url, prefix=prefix), lake=LakeSettings(url=str(served.lake_root)))
     with ExitStack() as stack:
         yield [stack.enter_context(TestClient(create_app(serving_config(settings, cooc_boost=b)))) for b in boosts]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import Settings
+from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
 from serving.config import serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache
@@ -33,7 +33,7 @@ def _client(served: Served, location: tuple[str, str], **overrides: Any) -> Test
     cache: CandidateCache = RedisCache(url, prefix) if url.startswith("redis://") else SqliteCache(url, prefix)
     with cache:
         publish(cache, "r1", served.entries)
-    settings = Settings(cache_url=url, cache_prefix=prefix, lake_url=str(served.lake_root))
+    settings = Settings(cache=CacheSettings(url=url, prefix=prefix), lake=LakeSettings(url=str(served.lake_root)))
     return TestClient(create_app(serving_config(settings, **overrides)))
 
 

@@ -22,7 +22,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from core.errors import ModelLoadError
-from core.settings import Settings
+from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
 from serving.config import ServingConfig, serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache
@@ -36,7 +36,9 @@ WAIT_S = 20.0  # deadlock guard only
 
 def config_for(served: Served, location: str, prefix: str, lake_root: Path | None = None, **overrides: Any) -> ServingConfig:
     """Return a ServingConfig over the served lake (or another one) and the given cache."""
-    settings = Settings(cache_url=location, cache_prefix=prefix, lake_url=str(lake_root or served.lake_root))
+    settings = Settings(
+        cache=CacheSettings(url=location, prefix=prefix), lake=LakeSettings(url=str(lake_root or served.lake_root))
+    )
     return serving_config(settings, **overrides)
 
 

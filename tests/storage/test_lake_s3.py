@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from core.errors import InputUnreadable, PublishError
-from core.settings import Settings
+from core.settings import LakeSettings, Settings
 from storage import duckdb_lake
 from storage.lake import Lake
 from storage.resources import lake_for, lake_storage_options
@@ -24,7 +24,7 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lake:
     if request.param == "local":
         return Lake(str(tmp_path / "lake"))
     bucket = request.getfixturevalue("s3_bucket")
-    return lake_for(Settings(home=tmp_path, lake_url=f"{bucket}/lake"))
+    return lake_for(Settings(home=tmp_path, lake=LakeSettings(url=f"{bucket}/lake")))
 
 
 def test_parquet_round_trip_with_columns_and_filter(lake: Lake) -> None:
@@ -96,13 +96,13 @@ def test_s3_lake_from_settings_endpoint_and_region(
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     s3fs.S3FileSystem.clear_instance_cache()
-    cfg = Settings(home=tmp_path, lake_url=f"{s3_bucket}/p", s3_endpoint_url=endpoint, s3_region="us-east-1")
+    cfg = Settings(home=tmp_path, lake=LakeSettings(url=f"{s3_bucket}/p", s3_endpoint_url=endpoint, s3_region="us-east-1"))
     assert lake_storage_options(cfg)["endpoint_url"] == endpoint
     lake = lake_for(cfg)
     outside = f"{s3_bucket}/inputs/items.parquet"  # not under the lake root: resolved with the lake's options
     lake.write_parquet(FRAME, outside)
     assert lake.read_parquet(outside).equals(FRAME)
-    assert lake_storage_options(Settings(home=tmp_path, s3_endpoint_url=endpoint)) == {}  # a local lake
+    assert lake_storage_options(Settings(home=tmp_path, lake=LakeSettings(s3_endpoint_url=endpoint))) == {}  # a local lake
 
 
 def test_duckdb_writes_and_reads_hive_partitions(lake: Lake) -> None:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pydantic
 import pytest
 
-from core.settings import Settings
+from core.settings import OpsSettings, Settings
 from deployments.definitions import QUEUE_PRIORITIES, deployment_specs
 from deployments.trigger import default_idempotency_key
 from flows.params import BackfillParams, NightlyParams, OnDemandParams
@@ -150,7 +150,7 @@ def test_idempotency_key_is_stable_for_a_retry_and_changes_with_parameters_or_in
 
 
 def test_deployment_specs_follow_settings_and_put_on_demand_first() -> None:
-    specs = {s.name: s for s in deployment_specs(Settings(nightly_cron="30 2 * * *"))}
+    specs = {s.name: s for s in deployment_specs(Settings(ops=OpsSettings(nightly_cron="30 2 * * *")))}
     assert set(specs) == {"nightly", "on-demand", "backfill", "train-ranker"}
     assert specs["nightly"].cron == "30 2 * * *" and specs["on-demand"].cron is None
     assert QUEUE_PRIORITIES[specs["on-demand"].queue] < QUEUE_PRIORITIES[specs["nightly"].queue]
@@ -191,7 +191,7 @@ def test_callback_retries_until_accepted_and_gives_up_without_raising() -> None:
 
 
 def test_report_cost_and_markdown() -> None:
-    settings = Settings(hourly_price_usd=3.6)
+    settings = Settings(ops=OpsSettings(hourly_price_usd=3.6))
     summary = published()
     spend = cost(summary, settings)
     assert spend["gpu_hours"] == pytest.approx(0.01) and spend["cost_per_1k_items"] == pytest.approx(0.05)

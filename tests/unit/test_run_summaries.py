@@ -8,7 +8,7 @@ import re
 import time
 from pathlib import Path
 
-from core.settings import Settings
+from core.settings import EncoderSettings, Settings
 from deployments.trigger import default_idempotency_key, inputs_identity
 from flows.params import OnDemandParams
 from nightscore.output import summary_text
@@ -50,7 +50,9 @@ def test_quarantine_per_rule_and_truncation_are_in_both_summaries() -> None:
     assert "  quarantined items text:not_blank: 3 (e.g. item-0005)" in text
     assert "  quarantined interactions item_id:item_exists: 1 (e.g. u1|item-0005|2026)" in text
     assert "warning: 150 of 2000 texts encoded (7.5%) were truncated at 256 tokens" in text
-    markdown = summary_markdown(run, {"items_uri": "i", "interactions_uri": "x"}, Settings(max_seq_length=256), {}, RULES)
+    markdown = summary_markdown(
+        run, {"items_uri": "i", "interactions_uri": "x"}, Settings(encoder=EncoderSettings(max_seq_length=256)), {}, RULES
+    )
     assert "| items | `text:not_blank` | 3 | `item-0005` |" in markdown
     assert "**Warning:** 150 of 2000 texts encoded (7.5%) were truncated at 256 tokens" in markdown
     clean = summary_text(published(truncated_texts=0))

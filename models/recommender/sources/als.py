@@ -20,22 +20,24 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
+from core.settings import CandidateSettings
 from models.recommender.sources.base import History, Lists, empty_lists, item_counts, user_item_matrix
 
 log = logging.getLogger(__name__)
+_DEFAULTS = CandidateSettings()
 
 
 @dataclass(frozen=True)
 class AlsParams:
     """Hyper-parameters of the factorisation (exposed as settings)."""
 
-    factors: int = 64
-    regularization: float = 0.05
-    alpha: float = 10.0
-    confidence: str = "log"
+    factors: int = _DEFAULTS.als_factors
+    regularization: float = _DEFAULTS.als_regularization
+    alpha: float = _DEFAULTS.als_alpha
+    confidence: str = _DEFAULTS.als_confidence
     log_epsilon: float = 1.0
-    iterations: int = 15
-    seed: int = 0
+    iterations: int = _DEFAULTS.als_iterations
+    seed: int = _DEFAULTS.seed
     threads: int = 0
     use_gpu: bool = False
     score_chunk: int = 4096

@@ -24,20 +24,24 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from core.settings import CandidateSettings
 from models.recommender.sources.base import History, Lists, drop_seen, empty_lists, top_n_entries, top_n_per_row, user_item_matrix
 
 log = logging.getLogger(__name__)
+
+
+_DEFAULTS = CandidateSettings()
 
 
 @dataclass(frozen=True)
 class CooccurrenceParams:
     """Parameters of the co-visitation table (see the module docstring)."""
 
-    max_history: int = 50
-    window: int = 8
-    neighbours: int = 100
-    alpha: float = 0.5
-    pairs_per_pass: int = 20_000_000
+    max_history: int = _DEFAULTS.cooc_max_history
+    window: int = _DEFAULTS.cooc_window
+    neighbours: int = _DEFAULTS.cooc_neighbours
+    alpha: float = _DEFAULTS.cooc_alpha
+    pairs_per_pass: int = _DEFAULTS.cooc_pairs_per_pass
     score_chunk: int = 2048
 
 

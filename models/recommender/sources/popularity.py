@@ -15,17 +15,21 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from core.settings import CandidateSettings
 from models.recommender.sources.base import Catalogue, History, Lists, empty_lists, item_counts, to_epoch_us, user_item_matrix
 
 _US_PER_DAY = 86_400 * 1_000_000
+
+
+_DEFAULTS = CandidateSettings()
 
 
 @dataclass(frozen=True)
 class PopularityParams:
     """Parameters of the popularity sources."""
 
-    trend_half_life_days: float = 7.0
-    topic_smoothing: float = 0.02
+    trend_half_life_days: float = _DEFAULTS.trend_half_life_days
+    topic_smoothing: float = _DEFAULTS.topic_smoothing
 
 
 def trending_scores(history: History, half_life_days: float) -> np.ndarray:
