@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from models.encoder.backends.timing import best_seconds
 
 GemmKernel = Literal["int_mm", "fp32"]
 PROBE_SHAPE = (128, 384, 1536)  # rows x in x out: an FFN up-projection of a small encoder on one short batch
@@ -68,17 +69,6 @@ def activation_maxima(model: torch.nn.Module, batches: list[tuple[torch.Tensor, 
     return maxima
 
 
-def best_seconds(run: Callable[[], object], repeats: int = 3) -> float:
-    """Return the fastest of repeats timed calls of run, after one untimed call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
 @dataclass(frozen=True)
 class KernelChoice:
     """The int8 GEMM kernel chosen here, and the two GEMMs' measured rates (GOP/s) it was chosen by."""
@@ -103,8 +93,7 @@ def gemm_kernel(threads: int) -> KernelChoice:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        int_mm = best_seconds(lambda: torch._int_mm(a, b))
-        fp32 = best_seconds(lambda: torch.mm(a_float, b_float))
+        int_mm, fp32 = best_seconds([lambda: torch._int_mm(a, b), lambda: torch.mm(a_float, b_float)])
     finally:
         torch.set_num_threads(previous)
     operations = 2 * rows * inner * out / 1e9

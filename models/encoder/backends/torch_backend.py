@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from models.encoder.backends.base import BackendRequest, BackendUnavailable
-from models.encoder.backends.int8 import PROBE_SHAPE, activation_maxima, best_seconds, gemm_kernel, quantized_copy
+from models.encoder.backends.int8 import PROBE_SHAPE, activation_maxima, gemm_kernel, quantized_copy
+from models.encoder.backends.timing import best_seconds
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -58,8 +59,7 @@ def bf16_gemm_ratio(threads: int) -> float:
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            fp32 = best_seconds(lambda: linear(x))
-            bf16 = best_seconds(lambda: linear_bf16(x_bf16))
+            fp32, bf16 = best_seconds([lambda: linear(x), lambda: linear_bf16(x_bf16)])
     finally:
         torch.set_num_threads(previous)
     return fp32 / bf16

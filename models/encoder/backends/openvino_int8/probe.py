@@ -9,9 +9,13 @@ slower, the model-level gate decides as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
+
+from models.encoder.backends.timing import best_seconds
 
 MARGIN = 0.8  # the MatMul must run under min_speedup x MARGIN to refuse: one op's reading may differ from the model's
 REPEATS = 5
@@ -46,10 +50,16 @@ def matmul_speedup(float_model: Any, config: dict[str, object], rows: int) -> fl
     """Return how many times faster float_model's largest MatMul runs in static int8 than in float, on rows rows."""
     import nncf
 
-    from models.encoder.backends.openvino_int8.search import best_seconds
-
     model, inner = probe_model(largest_matmul(float_model))
     sample = np.random.default_rng(0).standard_normal((rows, inner)).astype(np.float32)
     quantized = nncf.quantize(model, nncf.Dataset([sample]), subset_size=1)
-    float_seconds, int8_seconds = best_seconds([model, quantized], sample, config, REPEATS)
+    float_seconds, int8_seconds = best_seconds(latency_calls([model, quantized], sample, config), REPEATS)
     return float_seconds / int8_seconds
+
+
+def latency_calls(models: Sequence[Any], inputs: Any, config: dict[str, object]) -> list[Callable[[], object]]:
+    """Return one call per model that runs it on inputs, each compiled for latency on the CPU with config."""
+    import openvino as ov
+
+    compiled = [ov.Core().compile_model(model, "CPU", {**config, "PERFORMANCE_HINT": "LATENCY"}) for model in models]
+    return [partial(run, inputs) for run in compiled]

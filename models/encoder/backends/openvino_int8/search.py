@@ -30,7 +30,9 @@ import numpy as np
 
 from models.encoder.backends.base import BackendUnavailable
 from models.encoder.backends.int8 import SMOOTHING_ALPHA
+from models.encoder.backends.openvino_int8 import probe
 from models.encoder.backends.openvino_int8.shared_statistics import SharedStatistics
+from models.encoder.backends.timing import best_seconds
 from models.encoder.pooling import pool_numpy
 from models.encoder.precision import fidelity
 
@@ -107,25 +109,10 @@ def min_cosine(model: Any, validation: Validation, config: dict[str, object]) ->
     return fidelity(validation.expected, np.vstack(rows)).min
 
 
-def best_seconds(models: Sequence[Any], inputs: Any, config: dict[str, object], repeats: int) -> list[float]:
-    """Return each model's best-of-repeats seconds on one input, the models timed in interleaved passes."""
-    import openvino as ov
-
-    compiled = [ov.Core().compile_model(model, "CPU", {**config, "PERFORMANCE_HINT": "LATENCY"}) for model in models]
-    for run in compiled:
-        run(inputs)  # first-call compilation for this shape
-    best = [float("inf")] * len(compiled)
-    for _ in range(repeats):
-        for index, run in enumerate(compiled):
-            started = time.perf_counter()
-            run(inputs)
-            best[index] = min(best[index], time.perf_counter() - started)
-    return best
-
-
 def tokens_per_s(models: Sequence[Any], batch: Inputs, config: dict[str, object], repeats: int) -> list[float]:
     """Return each model's best-of-repeats tokens/s on one batch, the models timed in interleaved passes."""
-    return [batch["input_ids"].size / seconds for seconds in best_seconds(models, batch, config, repeats)]
+    seconds = best_seconds(probe.latency_calls(models, batch, config), repeats)
+    return [batch["input_ids"].size / each for each in seconds]
 
 
 def timing_batch(validation: Validation, rows: int, length: int) -> Inputs:
@@ -137,8 +124,6 @@ def timing_batch(validation: Validation, rows: int, length: int) -> Inputs:
 
 def check_matmul_speed(config: dict[str, object], gate: SpeedGate) -> None:
     """Raise Int8NotFaster when the float model's largest MatMul alone runs clearly under min_speedup in int8."""
-    from models.encoder.backends.openvino_int8 import probe
-
     speedup = probe.matmul_speedup(gate.float_model, config, gate.rows * gate.length)
     log.info("int8 MatMul probe: %.2fx float", speedup)
     if speedup < gate.min_speedup * probe.MARGIN:
