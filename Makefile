@@ -10,7 +10,7 @@ env:  ## create .venv with the right torch build and nightscore installed (idemp
 	@bash scripts/bootstrap.sh
 
 demo: env  ## the demo nightly run on embedded defaults (DuckDB, SQLite cache, local lake)
-	$(VENV)/bin/nightscore run nightly --home $(HOME_DIR)
+	$(VENV)/bin/nightscore run nightly --demo --home $(HOME_DIR)
 	$(VENV)/bin/nightscore query "select topic, count(*) as items, round(avg(topic_score), 3) as mean_score from latest_item_scores group by topic order by items desc" --home $(HOME_DIR)
 
 # OMP_WAIT_POLICY=PASSIVE: the workers' torch threads sleep instead of spinning while they wait, so two workers on
@@ -21,10 +21,11 @@ test: env  ## the whole test suite on every core, one worker per test module (Po
 test-gpu-dry-run: env  ## benchmarks/gpu_check.sh run --dry-run end to end (5-10 minutes; not in `make test`)
 	$(PY) -m pytest -q -p no:cacheprovider -m gpu_dry_run tests/model/test_gpu_check_dry_run.py
 
-lint: env  ## ruff (lint and format check) and mypy over every package, zero findings (CI runs it before the tests)
+lint: env  ## ruff (lint and format check), mypy and the import contracts (lint-imports), zero findings (CI runs it before the tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: env  ## inference benchmark: side-by-side table
 	$(PY) benchmarks/inference.py

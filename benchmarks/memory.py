@@ -1,8 +1,8 @@
 """Memory benchmark of the nightly run: wall time and peak RSS at two item counts (issue #9).
 
 Each size gets its own home folder and synthetic inputs, then one ``nightscore run nightly`` subprocess
-with the tiny random encoder (tests/tiny_model.py, torch fp32) on CPU, so the data path (ingest, contracts, planning, candidates, publish) is
-measured rather than the model. Inputs (fast, vectorised, seeded; not the demo generator):
+with the tiny random encoder (tests/tiny_model.py, torch fp32) on CPU, so the data path (ingest, contracts,
+planning, candidates, publish) is measured rather than the model. Inputs (fast, vectorised, seeded; not the demo generator):
 
 - items: ``item-NNNNNNN``, a 3-word title and an 8-word body drawn from one topic's vocabulary plus
   common words (about 16 tokens per text), created 100-300 days before the run date;

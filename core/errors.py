@@ -73,7 +73,6 @@ class RunInterrupted(NightscoreError):
     """The run was asked to stop (SIGTERM, cancellation); finished shards are kept for a resume (exit 143)."""
 
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CONTRACT = 3

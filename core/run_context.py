@@ -7,6 +7,12 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
 from core.errors import UsageError
+from core.settings import Settings
+
+NO_INPUTS = (
+    "no inputs to score: give --items and --interactions (flow parameters items_uri, interactions_uri) or set "
+    "NIGHTSCORE_ITEMS_URI and NIGHTSCORE_INTERACTIONS_URI; `nightscore run nightly --demo` scores the demo data"
+)
 
 
 @dataclass(frozen=True)
@@ -60,3 +66,18 @@ def make_run_id(flow_name: str, run_date: str, unique: str) -> str:
 def run_folder(lake_uri: Callable[..., str], run_date: str, run_id: str) -> str:
     """Return the lake folder of a run: <lake>/runs/<run_date>/<run_id> (lake_uri is Lake.uri)."""
     return lake_uri("runs", run_date, run_id)
+
+
+def run_inputs(settings: Settings, items_uri: str | None, interactions_uri: str | None) -> tuple[str, str]:
+    """Return the run's input URIs: both given, else both of the settings (NIGHTSCORE_ITEMS_URI, ..._INTERACTIONS_URI).
+
+    Never demo data: a run with no inputs anywhere is refused (UsageError, exit 2), naming the settings to set.
+    """
+    if items_uri or interactions_uri:
+        if not (items_uri and interactions_uri):
+            raise UsageError("give both items and interactions, or neither (the run then reads NIGHTSCORE_ITEMS_URI ...)")
+        return items_uri, interactions_uri
+    configured = settings.lake.items_uri, settings.lake.interactions_uri
+    if configured[0] and configured[1]:
+        return configured[0], configured[1]
+    raise UsageError(NO_INPUTS)

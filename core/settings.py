@@ -59,6 +59,12 @@ class LakeSettings(Group):
     url: str | None = Field(
         None, alias="lake_url", description="Lake root: a local path or s3://bucket/prefix. Default <home>/lake."
     )
+    items_uri: str | None = Field(
+        None,
+        description="Items Parquet (local path or s3://) a run scores when it is given none: what the scheduled nightly "
+        "and backfills read. No default: a run without inputs refuses (exit 2); `--demo` asks for the demo data.",
+    )
+    interactions_uri: str | None = Field(None, description="Interactions Parquet read with items_uri (the two are set together).")
     # Only read when the lake is s3://...; credentials come from the standard AWS variables (AWS_ACCESS_KEY_ID,
     # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the AWS config/profile, never from here.
     s3_endpoint_url: str | None = Field(
@@ -522,6 +528,11 @@ class Settings(BaseSettings):
     def logs_dir(self) -> Path:
         """Return the folder of the log files (one per command or flow run)."""
         return self.home / "logs"
+
+    def with_inputs(self, items_uri: str, interactions_uri: str) -> Settings:
+        """Return these settings with the inputs a run reads when it is given none (lake.items_uri and interactions_uri)."""
+        lake = self.lake.model_copy(update={"items_uri": items_uri, "interactions_uri": interactions_uri})
+        return self.model_copy(update={"lake": lake})
 
     def flat(self, exclude_defaults: bool = True) -> dict[str, Any]:
         """Return the settings as flat option name -> JSON value (what NIGHTSCORE_<NAME> variables hold)."""

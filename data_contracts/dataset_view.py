@@ -12,7 +12,6 @@ is read once for both kinds of contract, and a 1M-item dataset costs a few small
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import polars as pl
@@ -59,14 +58,6 @@ class ViewBuilder:
         """Return the aggregates of every batch added."""
         mean = self.score_sum / self.score_n if self.score_n else None
         return DatasetView(self.columns, self.height, self.topics, self.users, mean)
-
-
-def stream_view(batches: Iterable[pl.DataFrame]) -> DatasetView:
-    """Return the view of a dataset read batch by batch."""
-    builder = ViewBuilder()
-    for batch in batches:
-        builder.add(batch)
-    return builder.view()
 
 
 def view_of(frame: pl.DataFrame) -> DatasetView:

@@ -21,6 +21,7 @@ class DeploymentSpec:
     queue: str
     cron: str | None
     description: str
+    reads_inputs: bool = False  # its runs take the configured inputs by default (NIGHTSCORE_ITEMS_URI, ...)
 
     @property
     def flow_name(self) -> str:
@@ -37,6 +38,7 @@ def deployment_specs(settings: Settings) -> list[DeploymentSpec]:
             SCHEDULED_QUEUE,
             settings.ops.nightly_cron,
             "Score the night's inputs and publish item_scores, user_candidates and the candidate cache.",
+            reads_inputs=True,
         ),
         DeploymentSpec(
             "on-demand",

@@ -29,10 +29,16 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
 from prefect.utilities.callables import parameter_schema
 
+from core.errors import UsageError
 from core.settings import Settings, load_settings
 from deployments.definitions import QUEUE_PRIORITIES, DeploymentSpec, deployment_specs
 
 log = logging.getLogger(__name__)
+
+NO_SCHEDULED_INPUTS = (
+    "the nightly schedule has no inputs: set NIGHTSCORE_ITEMS_URI and NIGHTSCORE_INTERACTIONS_URI "
+    "(or give --demo to schedule the demo data)"
+)
 
 
 def ensure_work_pool(pool: str, concurrency: int | None = None) -> None:
@@ -85,6 +91,7 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
     schedules = [Cron(spec.cron, timezone=settings.ops.schedule_timezone)] if spec.cron else []
     deployment = flow.to_deployment(
         name=spec.name,
+        parameters=default_parameters(spec, settings),
         schedules=schedules,
         description=spec.description,
         tags=["nightscore"],
@@ -101,8 +108,22 @@ def apply_deployment(spec: DeploymentSpec, settings: Settings) -> UUID:
     return deployment_id
 
 
+def default_parameters(spec: DeploymentSpec, settings: Settings) -> dict[str, Any]:
+    """Return a deployment's default parameters: the configured inputs for one whose runs read them, else none."""
+    if not spec.reads_inputs:
+        return {}
+    return {"params": {"items_uri": settings.lake.items_uri, "interactions_uri": settings.lake.interactions_uri}}
+
+
+def require_inputs(settings: Settings) -> None:
+    """Refuse (UsageError, exit 2) to schedule runs when no inputs are configured: never demo data by accident."""
+    if not (settings.lake.items_uri and settings.lake.interactions_uri):
+        raise UsageError(NO_SCHEDULED_INPUTS)
+
+
 def deploy_all(settings: Settings) -> dict[str, UUID]:
     """Create the pool (with its concurrency limit), queues and gpu limit, then every deployment; return their ids."""
+    require_inputs(settings)
     ensure_work_pool(settings.ops.work_pool, settings.ops.work_pool_concurrency)
     ensure_gpu_limit(settings.ops.gpu_limit, settings.ops.gpu_slots)
     ids = {spec.name: apply_deployment(spec, settings) for spec in deployment_specs(settings)}

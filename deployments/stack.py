@@ -11,12 +11,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from core.environment import child_environment
-from core.errors import StackError
+from core.errors import StackError, UsageError
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ def read_state(settings: Settings) -> dict[str, Any] | None:
 
 def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> dict[str, Any]:
     """Start a Prefect server, register the deployments, start a worker; return pids and URLs once all are ready."""
+    from deployments.deploy import deploy_all, require_inputs  # imported here for start-up speed: Prefect loads in seconds
+
+    require_inputs(settings)
     running = read_state(settings)
     if running and healthy(running["api_url"], _auth()):
         raise StackError(f"nightscore is already up at {running['ui_url']}: run `nightscore down` first")
@@ -125,8 +129,6 @@ def up(settings: Settings, host: str = "127.0.0.1", timeout_s: float = 180) -> d
     _save(home, state)
     _wait(lambda: healthy(api_url, _auth()), server, "Prefect server", home / "logs" / "prefect-server.log", timeout_s)
     from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from deployments.deploy import deploy_all
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         state["deployments"] = {name: str(i) for name, i in deploy_all(settings).items()}
@@ -180,3 +182,17 @@ def down(settings: Settings) -> list[str]:
     stopped = [name for name, key in (("worker", "worker_pid"), ("server", "server_pid")) if _stop(state.get(key), name)]
     (Path(settings.home) / STATE_FILE).unlink(missing_ok=True)
     return stopped
+
+
+@contextmanager
+def prefect_api(settings: Settings) -> Iterator[str]:
+    """Talk to the Prefect API of PREFECT_API_URL, else the one `nightscore up` started, inside the block."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    url = get_current_settings().api.url or (read_state(settings) or {}).get("api_url")
+    if not url:
+        raise UsageError("no Prefect server: run `nightscore up` or set PREFECT_API_URL")
+    if not healthy(url, _auth()):
+        raise StackError(f"the Prefect API at {url} does not answer (is the server up? `nightscore up`, PREFECT_API_URL)")
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
 
-from core.errors import RunFailed, UsageError
+from core.errors import NightscoreError, RunFailed, UsageError
+from core.settings import Settings
 from deployments.definitions import deployment_ref
 from storage.lake import Lake
-from storage.warehouse.base import Warehouse
+from storage.resources import lake_for, warehouse_for
+
+log = logging.getLogger(__name__)
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -25,6 +29,23 @@ def inputs_identity(lake: Lake, uris: list[str | None], latest_run: str | None) 
     if not given:
         return {"latest_published_run": latest_run}
     return {uri: lake.identity(uri) or "not visible from here" for uri in given}
+
+
+def request_key(settings: Settings, deployment: str, params: BaseModel) -> str:
+    """Return a request's default idempotency key: its parameters and its inputs' identity now (size, ETag/mtime).
+
+    A request without inputs takes the latest published run's: that run's id stands for them (a warehouse this
+    machine cannot read leaves the key to the parameters alone).
+    """
+    uris = [getattr(params, "items_uri", None), getattr(params, "interactions_uri", None)]
+    latest = None
+    if not any(uris):
+        try:
+            found = warehouse_for(settings).latest_published()
+            latest = found.run_id if found else None
+        except NightscoreError as exc:
+            log.info("idempotency key without the latest run: %s", exc)
+    return default_idempotency_key(deployment, params, inputs_identity(lake_for(settings), uris, latest))
 
 
 def default_idempotency_key(deployment: str, params: BaseModel, inputs: dict[str, Any]) -> str:
@@ -112,15 +133,3 @@ def wait_for_run(flow_run_id: str, timeout_s: float, poll_s: float = 2.0) -> dic
         if time.monotonic() > deadline:
             raise RunFailed(f"flow run {flow_run_id} still {state['state_name']} after {timeout_s:.0f} s")
         time.sleep(poll_s)
-
-
-def run_counts(warehouse: Warehouse, flow_run_id: str) -> dict[str, Any] | None:
-    """Return the scoring_runs row (status and counts) a flow run wrote, or None if it wrote none yet."""
-    result = warehouse.query(
-        "SELECT run_id, status, rows_in, rows_quarantined, rows_scored, rows_computed, rows_reused, "
-        "users_with_candidates, round(wall_seconds, 1) AS wall_s FROM scoring_runs WHERE flow_run_id = ? "
-        "ORDER BY started_at DESC LIMIT 1",
-        [flow_run_id],
-    )
-    records = result.records()
-    return records[0] if records else None

@@ -79,7 +79,7 @@ class NightlyParams(_Params):
     """Parameters of the nightly run (all optional: the schedule runs it with none)."""
 
     run_date: date | None = Field(None, description=RUN_DATE_HELP, json_schema_extra=DATE_SCHEMA)
-    items_uri: str | None = Field(None, description="Items Parquet (local path or s3://); empty = the demo inputs in the lake.")
+    items_uri: str | None = Field(None, description="Items Parquet (local path or s3://); empty = NIGHTSCORE_ITEMS_URI (none: refused).")
     interactions_uri: str | None = Field(None, description="Interactions Parquet; give it together with items_uri.")
     resume: str | None = Field(
         None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs."
@@ -89,7 +89,7 @@ class NightlyParams(_Params):
     @model_validator(mode="after")
     def _both_inputs(self) -> NightlyParams:
         if bool(self.items_uri) != bool(self.interactions_uri):
-            raise ValueError("give both items_uri and interactions_uri, or neither for the demo inputs")
+            raise ValueError("give both items_uri and interactions_uri, or neither for the configured inputs (NIGHTSCORE_ITEMS_URI, ...)")
         return self
 
 
@@ -122,7 +122,7 @@ class BackfillParams(_Params):
 
     start_date: date = Field(..., description="First run date (YYYY-MM-DD), inclusive.", json_schema_extra=DATE_SCHEMA)
     end_date: date = Field(..., description="Last run date (YYYY-MM-DD), inclusive.", json_schema_extra=DATE_SCHEMA)
-    items_uri: str | None = Field(None, description="Items Parquet for every date; empty = the demo inputs.")
+    items_uri: str | None = Field(None, description="Items Parquet for every date; empty = NIGHTSCORE_ITEMS_URI (none: refused).")
     interactions_uri: str | None = Field(None, description="Interactions Parquet for every date.")
 
     @model_validator(mode="after")
@@ -132,7 +132,7 @@ class BackfillParams(_Params):
         if (self.end_date - self.start_date).days >= 366:
             raise ValueError("a backfill covers at most 366 dates; split it")
         if bool(self.items_uri) != bool(self.interactions_uri):
-            raise ValueError("give both items_uri and interactions_uri, or neither for the demo inputs")
+            raise ValueError("give both items_uri and interactions_uri, or neither for the configured inputs (NIGHTSCORE_ITEMS_URI, ...)")
         return self
 
 

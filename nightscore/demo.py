@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 import numpy as np
 import polars as pl
 
+from storage.lake import Lake
+
 logger = logging.getLogger(__name__)
 
 DEMO_BASE_TIME: datetime = datetime(2026, 11, 1, tzinfo=UTC)
@@ -454,3 +456,19 @@ def generate_demo_data(
     interactions = generate_interactions(items, n_users, seed, median_interactions)
     logger.info("generated %d items and %d interactions (seed %d)", items.height, interactions.height, seed)
     return items, interactions
+
+
+DEMO_ITEMS, DEMO_USERS, DEMO_SEED = 2000, 500, 0
+
+
+def ensure_demo_inputs(
+    lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED
+) -> tuple[str, str]:
+    """Return (items URI, interactions URI) of the demo inputs in the lake (inputs/demo/), generating them if absent."""
+    items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
+    if not (lake.exists(items_uri) and lake.exists(inter_uri)):
+        items, interactions = generate_demo_data(n_items, n_users, seed)
+        lake.write_parquet(items, items_uri)
+        lake.write_parquet(interactions, inter_uri)
+        logger.info("wrote demo inputs: %d items, %d interactions", items.height, interactions.height)
+    return items_uri, inter_uri

@@ -9,15 +9,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from core import progress
+from core.records import MethodQuality, Published, RunRecord
 from storage.warehouse.base import QueryResult
-
-if TYPE_CHECKING:
-    from core.records import MethodQuality, Published, RunRecord
 
 
 def _json_value(value: Any) -> Any:
@@ -173,10 +174,6 @@ def _encode_line(published: Published) -> str:
 @contextmanager
 def progress_bar(enabled: bool | None = None) -> Iterator[None]:
     """Show a rich progress bar on stderr for a local run's stages (only on a terminal unless enabled is given)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from core import progress
-
     console = Console(stderr=True)
     if not (console.is_terminal if enabled is None else enabled):
         yield
@@ -196,3 +193,14 @@ def progress_bar(enabled: bool | None = None) -> Iterator[None]:
             yield
         finally:
             stop()
+
+
+def next_steps(home: Path | None) -> str:
+    """Return the commands worth trying after a run: query its tables, list the runs, serve its candidates."""
+    where = f" --home {home}" if home is not None else ""
+    return (
+        "next:\n"
+        f'  nightscore query "select topic, count(*) from latest_item_scores group by topic"{where}\n'
+        f"  nightscore runs{where}\n"
+        f"  nightscore serve{where}   # GET /v1/users/<user_id>/recommendations; API docs at /docs"
+    )

@@ -19,16 +19,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.environment import export_settings
 from core.errors import NightscoreError
+from core.settings import load_settings
 from serving.batcher import scoring_for
-from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig, export_config, exported_config
+from serving.config import DEFAULT_N, MAX_N, USER_ID_PATTERN, ServingConfig, serving_config
 from serving.errors import NotReady, Overloaded, PayloadTooLarge, ServingError, error_response
 from serving.events import add_event_route
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.ranking import CACHE_OK, Recommender, build_recommender
-from storage.cache import open_cache
-from storage.cache_async import CacheReader, open_stores
+from storage.cache_async import CacheReader
 from storage.events import EventStore
+from storage.resources import cache_for, stores_for
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +170,7 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reader, events = (
-            stores()
-            if stores
-            else open_stores(
-                config.cache_location,
-                config.cache_prefix,
-                config.cache_timeout_s,
-                config.cache_pool_size,
-                config.events_retention_s,
-                config.events_max,
-            )
-        )
+        reader, events = stores() if stores else stores_for(config.settings)
         recommender.reader, app.state.events = reader, events
         await recommender.warm_up()
         yield
@@ -194,21 +185,22 @@ def create_app(config: ServingConfig, *, stores: Callable[[], Stores] | None = N
 
     Args:
         config: the serving options.
-        stores: opens (reader, event store) instead of config.cache_location (tests: a reader that blocks).
+        stores: opens (reader, event store) instead of the settings' cache (tests: a reader that blocks).
 
     Raises:
         ModelLoadError: no published run, or what it serves with cannot be loaded.
     """
     metrics = Metrics()
-    scoring = scoring_for(config.batching, config.max_batch, config.max_queue_delay_us, metrics.batch)
-    with open_cache(config.cache_location, config.cache_prefix, retries=0) as cache:  # the pointer names the first run
+    options = config.options
+    scoring = scoring_for(options.batching, options.max_batch, options.max_queue_delay_us, metrics.batch)
+    with cache_for(config.settings, retries=0) as cache:  # the pointer names the first run
         recommender = build_recommender(config, cache, scoring, metrics.fallback)
     app = FastAPI(title="nightscore ranker", lifespan=_lifespan(config, recommender, stores))
     app.state.recommender, app.state.metrics = recommender, metrics
     _add_routes(app, recommender, metrics)
     add_event_route(app, EVENTS_PATH)
     _add_error_handlers(app)
-    app.add_middleware(InFlightLimit, limit=config.max_in_flight, prefix=RECOMMEND_PREFIX)
+    app.add_middleware(InFlightLimit, limit=options.max_in_flight, prefix=RECOMMEND_PREFIX)
     app.add_middleware(BodyLimit, max_bytes=MAX_EVENT_BYTES, path=EVENTS_PATH)
     app.add_middleware(RequestMetrics, metrics=metrics)  # added last = outermost: counts the 429s too
     return app
@@ -218,8 +210,8 @@ def app_from_environment() -> FastAPI:
     """Return the app of one uvicorn worker, built from the options run_server exported (uvicorn's factory)."""
     from threadpoolctl import threadpool_limits
 
-    config = exported_config()
-    threadpool_limits(config.blas_threads)  # small matrices per call: more BLAS threads only add overhead
+    config = serving_config(load_settings())  # the settings `nightscore serve` exported to its workers
+    threadpool_limits(config.options.blas_threads)  # small matrices per call: more BLAS threads only add overhead
     return create_app(config)
 
 
@@ -227,7 +219,7 @@ def run_server(
     config: ServingConfig, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1, log_level: str = "info"
 ) -> None:
     """Serve under uvicorn (uvloop/httptools when installed) with `workers` processes until stopped (SIGINT/SIGTERM)."""
-    export_config(config)
+    export_settings(config.settings)
     uvicorn.run(
         "serving.app:app_from_environment",
         factory=True,

@@ -33,6 +33,7 @@ from storage.cache import CandidateCache
 from storage.cache_async import CacheReader, Found
 from storage.candidate_payload import CandidateEntry, decode_entry
 from storage.lake import Lake
+from storage.resources import lake_for
 
 log = logging.getLogger(__name__)
 
@@ -318,9 +319,9 @@ def build_recommender(
     Raises:
         ModelLoadError: no published run, or its serving artifacts cannot be loaded.
     """
-    lake = Lake(config.lake_root, config.lake_options)
-    runs = RunStore(lake, first_run(cache, lake), config.model_refresh_s, config.cooc_boost > 0)
+    lake, options = lake_for(config.settings), config.options
+    runs = RunStore(lake, first_run(cache, lake), options.model_refresh_s, options.cooc_boost > 0)
     log.info("serving run %s with ranker %s", runs.latest.run_id, runs.latest.version)
     return Recommender(
-        runs, scoring, config.fallback, on_fallback, config.exclude_recent, config.breaker_open_s, config.cooc_boost
+        runs, scoring, options.fallback, on_fallback, options.exclude_recent, options.breaker_open_s, options.cooc_boost
     )

@@ -23,7 +23,6 @@ from core.errors import CacheUnavailable, NightscoreError
 from storage.lake import Lake
 
 RECENT_PER_USER = 100  # recent items kept per user (what a request reads)
-EVENT_COLUMNS = ("user_id", "item_id", "event", "ts")
 
 
 class EventsFull(NightscoreError):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import date
 from typing import Any
 
 from core.settings import Settings
 from storage.cache import CandidateCache, open_cache
+from storage.cache_async import CacheReader, open_stores
+from storage.events import EventStore, export_day
 from storage.lake import Lake
 from storage.warehouse.base import Warehouse
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
@@ -47,9 +51,10 @@ def query_warehouse_for(settings: Settings) -> Warehouse:
     return open_warehouse(settings.query_warehouse_location, lock_timeout_s=settings.warehouse.lock_timeout_s)
 
 
-def cache_for(settings: Settings) -> CandidateCache:
-    """Return the candidate cache adapter for settings.cache_location."""
-    return open_cache(settings.cache_location, settings.cache.prefix, settings.cache.version_grace_s, settings.cache.retries)
+def cache_for(settings: Settings, retries: int | None = None) -> CandidateCache:
+    """Return the candidate cache adapter for settings.cache_location (retries: its transport retries, else the setting)."""
+    retry = settings.cache.retries if retries is None else retries
+    return open_cache(settings.cache_location, settings.cache.prefix, settings.cache.version_grace_s, retry)
 
 
 def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout_s: float | None = None) -> Warehouse:
@@ -67,3 +72,30 @@ def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout
             return PostgresWarehouse(location, embedding_dim=embedding_dim)
         return PostgresWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
     return DuckDBWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
+
+
+def stores_for(settings: Settings, pool_size: int | None = None) -> tuple[CacheReader, EventStore]:
+    """Return the online ranker's cache read path and event store (one shared Redis pool, or the SQLite file)."""
+    options = settings.serving
+    return open_stores(
+        settings.cache_location,
+        settings.cache.prefix,
+        options.cache_timeout_s,
+        pool_size or options.cache_pool_size,
+        options.events_retention_s,
+        options.events_max,
+    )
+
+
+def export_events(settings: Settings, day: date) -> tuple[str | None, int]:
+    """Write a UTC day's events from the service's event store to the lake; return (partition URI or None, rows)."""
+
+    async def export() -> tuple[str | None, int]:
+        reader, store = stores_for(settings, pool_size=1)
+        try:
+            return await export_day(store, lake_for(settings), day)
+        finally:
+            await store.close()
+            await reader.close()
+
+    return asyncio.run(export())

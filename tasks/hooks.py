@@ -53,14 +53,9 @@ def _callback_url(flow_run: Any) -> str | None:
 
 def _run_id(flow_run_id: str) -> str | None:
     try:
-        rows = (
-            warehouse_for(current_settings())
-            .query("SELECT run_id FROM scoring_runs WHERE flow_run_id = ? LIMIT 1", [flow_run_id])
-            .rows
-        )
+        return warehouse_for(current_settings()).run_of_flow_run(flow_run_id)
     except Exception:  # noqa: BLE001 - the callback still goes out without a run id
         return None
-    return rows[0][0] if rows else None
 
 
 def call_back(flow: Any, flow_run: Any, state: Any) -> None:

@@ -21,14 +21,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from core.environment import apply_runtime_defaults
-from core.errors import UsageError, WarehouseMissing
+from core.errors import UsageError
 from core.records import RunRef
-from core.run_context import RunContext, make_run_id, parse_run_date, run_folder
+from core.run_context import RunContext, make_run_id, parse_run_date, run_folder, run_inputs
 from core.settings import Settings, current_settings
 from core.stop import chain_stop_handler
 from models.encoder.files import embedding_dim
 from models.encoder.spec import EncoderSpec
-from nightscore.demo import generate_demo_data
 from storage import leases
 from storage.lake import Lake
 from storage.publication import reconcile_cache
@@ -38,7 +37,6 @@ from storage.warehouse.base import Warehouse
 log = logging.getLogger(__name__)
 
 RESUMABLE = ("running", "interrupted", "failed")
-DEMO_ITEMS, DEMO_USERS, DEMO_SEED = 2000, 500, 0
 
 
 @task(name="start-run", cache_policy=NO_CACHE)
@@ -49,6 +47,7 @@ def start_run(
     chain_stop_handler()  # runs in the flow's main thread: SIGTERM now also stops worker threads gracefully
     cfg = current_settings()
     apply_runtime_defaults(cfg)
+    inputs = None if resume else run_inputs(cfg, items_uri, interactions_uri)  # refused before any work
     lake, dim = lake_for(cfg), embedding_dim(EncoderSpec.from_settings(cfg))
     warehouse = warehouse_for(cfg, dim)
     with cache_for(cfg) as cache:
@@ -58,7 +57,7 @@ def start_run(
     lease = leases.hold(
         warehouse, warehouse_for(cfg), day, token, cfg.ops.run_lease_ttl_s, cfg.ops.run_lease_wait_s, say=get_run_logger().warning
     )
-    run = _open(lake, warehouse, flow_name, day, items_uri, interactions_uri, resume)
+    run = _open(lake, warehouse, flow_name, day, inputs, resume)
     lease.attach(run.run_id)
     STARTED[token] = run.run_id
     warehouse.record_run(
@@ -87,10 +86,10 @@ def target_date(warehouse: Warehouse, run_date: str | date | None, resume: str |
     """Return the run date an attempt works on: --resume's run's, else the given date or today (UTC)."""
     if not resume:
         return parse_run_date(run_date, datetime.now(UTC).date())
-    rows = warehouse.query("SELECT CAST(run_date AS VARCHAR) FROM scoring_runs WHERE run_id = ?", [resume]).rows
-    if not rows:
+    attempt = warehouse.run_attempt(resume)
+    if attempt is None:
         raise UsageError(f"no run {resume} to resume")
-    return str(rows[0][0])
+    return attempt.run_date
 
 
 def _open(
@@ -98,14 +97,13 @@ def _open(
     warehouse: Warehouse,
     flow_name: str,
     day: str,
-    items_uri: str | None,
-    interactions_uri: str | None,
+    inputs: tuple[str, str] | None,
     resume: str | None,
 ) -> RunContext:
     """Return the context of the run to do: the one resumed, the unfinished one of the same inputs, or a new one."""
-    if resume:
-        return _resumed(load_run(lake, warehouse, resume))
-    items, interactions = run_inputs(lake, items_uri, interactions_uri)
+    if resume or inputs is None:
+        return _resumed(load_run(lake, warehouse, resume or ""))
+    items, interactions = inputs
     unfinished = find_resumable(lake, warehouse, flow_name, day, items, interactions)
     if unfinished is not None:
         return _resumed(unfinished)
@@ -118,49 +116,14 @@ def _resumed(run: RunContext) -> RunContext:
     return replace(run, started_at=datetime.now(UTC).isoformat())
 
 
-def run_inputs(lake: Lake, items_uri: str | None, interactions_uri: str | None) -> tuple[str, str]:
-    """Return the run's input URIs: both given, or the demo inputs in the lake (written on first use)."""
-    if not items_uri and not interactions_uri:
-        return ensure_demo_inputs(lake)
-    if not (items_uri and interactions_uri):
-        raise UsageError("give both --items and --interactions, or neither for the demo inputs")
-    return items_uri, interactions_uri
-
-
-def ensure_demo_inputs(
-    lake: Lake, n_items: int = DEMO_ITEMS, n_users: int = DEMO_USERS, seed: int = DEMO_SEED
-) -> tuple[str, str]:
-    """Return (items URI, interactions URI) of the demo inputs in the lake, generating them if absent."""
-    items_uri, inter_uri = lake.uri("inputs", "demo", "items.parquet"), lake.uri("inputs", "demo", "interactions.parquet")
-    if not (lake.exists(items_uri) and lake.exists(inter_uri)):
-        items, interactions = generate_demo_data(n_items, n_users, seed)
-        lake.write_parquet(items, items_uri)
-        lake.write_parquet(interactions, inter_uri)
-        log.info("wrote demo inputs: %d items, %d interactions", items.height, interactions.height)
-    return items_uri, inter_uri
-
-
-def _latest_attempt(warehouse: Warehouse, flow_name: str, run_date: str) -> tuple[str, str] | None:
-    """Return (run_id, status) of the newest attempt of a flow and date, or None."""
-    try:
-        rows = warehouse.query(
-            "SELECT run_id, status FROM scoring_runs WHERE flow_name = ? AND CAST(run_date AS VARCHAR) = ? "
-            "ORDER BY started_at DESC LIMIT 1",
-            [flow_name, run_date],
-        ).rows
-    except WarehouseMissing:
-        return None
-    return (rows[0][0], rows[0][1]) if rows else None
-
-
 def find_resumable(
     lake: Lake, warehouse: Warehouse, flow_name: str, run_date: str, items_uri: str, interactions_uri: str
 ) -> RunContext | None:
     """Return the unfinished run of this flow, date and inputs, or None."""
-    latest = _latest_attempt(warehouse, flow_name, run_date)
-    if latest is None or latest[1] not in RESUMABLE:
+    latest = warehouse.latest_attempt(flow_name, run_date)
+    if latest is None or latest.status not in RESUMABLE:
         return None
-    saved = lake.read_json(f"{run_folder(lake.uri, run_date, latest[0])}/run.json")
+    saved = lake.read_json(f"{run_folder(lake.uri, run_date, latest.run_id)}/run.json")
     if saved is None or (saved["items_uri"], saved["interactions_uri"]) != (items_uri, interactions_uri):
         return None
     return RunContext(**saved)
@@ -168,12 +131,12 @@ def find_resumable(
 
 def load_run(lake: Lake, warehouse: Warehouse, run_id: str) -> RunContext:
     """Return the saved context of run_id for --resume; UsageError if it does not exist or already published."""
-    rows = warehouse.query("SELECT CAST(run_date AS VARCHAR), status FROM scoring_runs WHERE run_id = ?", [run_id]).rows
-    if not rows:
+    attempt = warehouse.run_attempt(run_id)
+    if attempt is None:
         raise UsageError(f"no run {run_id} to resume")
-    if rows[0][1] not in RESUMABLE:
-        raise UsageError(f"run {run_id} is {rows[0][1]}: only running, interrupted or failed runs resume")
-    return saved_run(lake, rows[0][0], run_id)
+    if attempt.status not in RESUMABLE:
+        raise UsageError(f"run {run_id} is {attempt.status}: only running, interrupted or failed runs resume")
+    return saved_run(lake, attempt.run_date, run_id)
 
 
 def saved_run(lake: Lake, run_date: str, run_id: str) -> RunContext:

@@ -41,17 +41,10 @@ def published_run(run_id: str | None) -> RunRef:
     """Return the reference of a published run (the latest one when run_id is None)."""
     cfg = current_settings()
     lake, warehouse = lake_for(cfg), warehouse_for(cfg)
-    if run_id:
-        rows = warehouse.query(
-            "SELECT CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id = ?", [run_id]
-        ).rows
-        found = (run_id, rows[0][0]) if rows else None
-    else:
-        latest = warehouse.latest_published()
-        found = (latest.run_id, latest.run_date) if latest else None
+    found = warehouse.published_run(run_id) if run_id else warehouse.latest_published()
     if found is None:
         raise UsageError(f"no published run {run_id or ''} to train the ranker on: run the nightly flow first")
-    return run_ref(saved_run(lake, found[1], found[0]), cfg)
+    return run_ref(saved_run(lake, found.run_date, found.run_id), cfg)
 
 
 @task(name="train-ranker", cache_policy=NO_CACHE)

@@ -21,9 +21,9 @@ from core.records import Ingested, RunRef, Validated
 from data_contracts.dataset_view import DatasetView, ViewBuilder
 from data_contracts.inputs import InputRules, duplicate_rows, validate_interactions, validate_items
 from data_contracts.quarantine import empty_quarantine
+from storage import publication
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
-from storage.warehouse.base import Warehouse
 from tasks.ingest import INPUT_BATCH
 from tasks.suites import gate
 
@@ -39,7 +39,7 @@ def validate_inputs(run: RunRef, ingested: Ingested) -> Validated:
         items, interactions = apply_row_contracts(lake, run, ingested)
         enforce_quarantine_share(items, interactions, run.settings.contracts.quarantine_max_share)
     except ContractViolation:
-        record_quarantine(lake, warehouse, run)
+        publication.record_quarantine(lake, warehouse, run)
         raise
     suites = gate(lake, warehouse, run, {"items": items.view(), "interactions": interactions.view()})
     return Validated(
@@ -129,12 +129,3 @@ def enforce_quarantine_share(items: RowContract, interactions: RowContract, limi
                 f"{dataset}: {bad} of {total} rows quarantined ({share:.1%} > {limit:.1%}); "
                 f"most common rule {top[0]} ({top[1]} rows)"
             )
-
-
-def record_quarantine(lake: Lake, warehouse: Warehouse, run: RunRef) -> int:
-    """Copy the run's quarantine rows (if any were written) into the warehouse; return how many."""
-    uri = run.path("quarantine.parquet")
-    if not lake.exists(uri):
-        return 0
-    quarantine = lake.read_parquet(uri, "quarantine").with_columns(pl.lit(run.run_id).alias("run_id"))
-    return warehouse.record_quarantine(run.run_id, quarantine.to_arrow())

@@ -208,11 +208,6 @@ def select_slots(rows: np.ndarray, scores: np.ndarray, is_new: np.ndarray, k: in
     return out[:, :k]
 
 
-def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -> Fused:
-    """Return the fused candidates of the lists."""
-    return select(union_of(lists), params, is_new)
-
-
 _DEFAULTS = CandidateSettings()
 
 

@@ -187,18 +187,3 @@ def _chunk_top_k(
             rows[tied], vals[tied] = exact_rows[:, :k].cpu().numpy(), exact_vals[:, :k].cpu().numpy()
     rows[~np.isfinite(vals)] = -1
     return rows, vals
-
-
-def candidates_table(user_ids: np.ndarray, item_ids: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> pl.DataFrame:
-    """Return top_k_items' output as a long table (user_id, rank from 1, item_id, score), unfilled slots dropped."""
-    n_users, k = rows.shape
-    flat_rows = rows.reshape(-1)
-    keep = flat_rows >= 0
-    return pl.DataFrame(
-        {
-            "user_id": np.repeat(np.asarray(user_ids), k)[keep],
-            "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n_users)[keep],
-            "item_id": np.asarray(item_ids)[flat_rows[keep]],
-            "score": scores.reshape(-1)[keep].astype(np.float64),
-        }
-    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,34 +10,12 @@ from typing import Any, Protocol, TypeAlias
 
 import pyarrow as pa
 
-from core.errors import WarehouseMissing
-from storage.warehouse.schema import (
-    NEWEST_FIRST,
-)
+from storage.warehouse.runs import QueryResult, RunLookups
 
 Rows: TypeAlias = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
 
 
-class QueryResult:
-    """Columns and rows of a read-only query."""
-
-    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-        self.columns, self.rows = columns, rows
-
-    def records(self) -> list[dict[str, Any]]:
-        """Return the rows as column-name -> value dicts."""
-        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    """The identity of a published run: what "the latest published run" resolves to."""
-
-    run_id: str
-    run_date: str  # YYYY-MM-DD
-
-
-class Warehouse(ABC):
+class Warehouse(RunLookups):
     """Where analysts read results: run records, item scores, candidates, quarantine.
 
     A warehouse is created by the first run that writes to it (the adapter then knows the embedding width);
@@ -126,22 +104,6 @@ class Warehouse(ABC):
         Exactly one SELECT (WITH, VALUES, table functions included) over the warehouse's own tables and views;
         anything else, and any SQL error, raises QueryRefused (exit 2) with a one-line message.
         """
-
-    def latest_published(self, excluding: str | None = None) -> PublishedRun | None:
-        """Return the latest published run (other than ``excluding``), or None when none has published yet.
-
-        The one lookup of "the latest published run" (the ``latest_*`` views order runs the same way). Only a
-        warehouse that does not exist yet means "none"; a locked or unreachable one raises.
-        """
-        sql = (
-            f"SELECT run_id, CAST(run_date AS VARCHAR) FROM scoring_runs WHERE status = 'published' AND run_id <> ? "
-            f"ORDER BY {NEWEST_FIRST} LIMIT 1"
-        )
-        try:
-            rows = self.query(sql, [excluding or ""]).rows
-        except WarehouseMissing:
-            return None
-        return PublishedRun(rows[0][0], rows[0][1]) if rows else None
 
 
 @dataclass(frozen=True)

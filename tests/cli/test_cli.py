@@ -142,12 +142,12 @@ def test_unexpected_error_is_one_line_and_its_traceback_goes_to_the_log_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from nightscore import cli
-    from storage import resources
+    from nightscore.cli import warehouse
 
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("a bug")  # a failure nothing maps: it must still end as one line
 
-    monkeypatch.setattr(resources, "warehouse_for", broken)
+    monkeypatch.setattr(warehouse, "warehouse_for", broken)
     assert cli.main(["runs", "--home", str(tmp_path / "home")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("nightscore: unexpected error: KeyError: 'a bug' (traceback in ")
@@ -161,3 +161,20 @@ def test_help_lists_commands() -> None:
     assert done.returncode == 0
     for command in ("demo-data", "run", "query", "runs"):
         assert command in done.stdout
+
+
+def test_a_run_without_inputs_refuses_naming_the_settings_and_never_scores_demo_data(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = nightscore("run", "nightly", home=home)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "NIGHTSCORE_ITEMS_URI" in done.stderr and "--demo" in done.stderr
+    assert not (home / "lake" / "inputs" / "demo").exists() and not (home / "warehouse.duckdb").exists()
+
+
+def test_schedules_without_inputs_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for command in ("deploy", "up"):
+        done = nightscore(command, home=home, settings={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (command, done.stderr)
+        assert "NIGHTSCORE_ITEMS_URI" in done.stderr and "--demo" in done.stderr
+    assert not (home / "up.json").exists()

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import polars as pl
 import pytest
 
-from data_contracts.dataset_view import ViewBuilder, stream_view, view_of
+from data_contracts.dataset_view import DatasetView, ViewBuilder, view_of
 from data_contracts.datasets import dataset_stats
+
+
+def stream_view(batches: Iterable[pl.DataFrame]) -> DatasetView:
+    """Return the view of a dataset read batch by batch (as the streamed contracts build it)."""
+    builder = ViewBuilder()
+    for batch in batches:
+        builder.add(batch)
+    return builder.view()
 
 
 def scores_frame(n: int, seed: int = 0) -> pl.DataFrame:

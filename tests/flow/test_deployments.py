@@ -73,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prefect_database: str) -> It
     """Return `nightscore up`'s state (API and UI URLs, home) for a stack on PostgreSQL; `nightscore down` after."""
     home = tmp_path_factory.mktemp("stack")
     env = cli_env(home, PREFECT_API_DATABASE_CONNECTION_URL=prefect_database, NIGHTSCORE_PREFECT_PORT=str(free_port()))
-    started = nightscore("up", env=env)
+    started = nightscore("up", "--demo", env=env)
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         state = json.loads((home / "up.json").read_text())
@@ -315,8 +315,8 @@ def test_basic_auth_server_refuses_anonymous_and_deploys_with_the_auth_string(tm
     with prefect_server(tmp_path, auth="ops:s3cret") as api:
         assert rest.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
         env = cli_env(tmp_path / "home", PREFECT_API_URL=api, PREFECT_API_AUTH_STRING="ops:s3cret")
-        deployed = nightscore("deploy", env=env)
+        deployed = nightscore("deploy", "--demo", env=env)
         assert deployed.returncode == 0, deployed.stderr[-2000:]
         assert "nightly:" in deployed.stdout
-        refused = nightscore("deploy", env={**env, "PREFECT_API_AUTH_STRING": "ops:wrong"})
+        refused = nightscore("deploy", "--demo", env={**env, "PREFECT_API_AUTH_STRING": "ops:wrong"})
         assert refused.returncode != 0

@@ -41,7 +41,7 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
         NIGHTSCORE_WORK_POOL_CONCURRENCY="1",
         PREFECT_WORKER_QUERY_SECONDS="1",
     )
-    done = subprocess.run([CLI, "deploy"], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([CLI, "deploy", "--demo"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return {"api": prefect_api, "env": env, "home": home}
 

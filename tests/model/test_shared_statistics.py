@@ -93,11 +93,13 @@ def test_every_trial_equals_a_fresh_pipeline_and_shared_points_are_collected_onc
     down = next(names for role, names in roles.items() if role.endswith("output.dense") and "attention" not in role)
     shared = SharedStatistics(model, calibration, SMOOTHING_ALPHA)
     trials = [down, query[:1], down + query[:1], query[:1]]  # one of Q/K/V float splits their shared input quantizer
-    with caplog.at_level(logging.INFO, logger="models.encoder.backends.openvino_int8.shared_statistics"):
+    with caplog.at_level(logging.DEBUG, logger="models.encoder.backends.openvino_int8.shared_statistics"):
         for ignored in trials:
             ours = outputs(shared.quantize(ignored), calibration)
             theirs = outputs(from_scratch(shared, model, calibration, ignored), calibration)
             assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)), ignored
-    assert shared.collections == 2, caplog.text  # the split needed more points once; the other trials reused them
-    assert "needs statistics at" in caplog.text
-    assert shared.merged.built == 1  # the fused-pattern graph was found once for the four trials (and copied)
+    messages = [record.getMessage() for record in caplog.records]
+    # the split needed more points once (one collection beyond the first); the other trials reused them
+    assert sum("collecting" in m for m in messages) == 1 and "needs statistics at" in caplog.text, caplog.text
+    # the fused-pattern graph was found once for the four trials (and copied)
+    assert sum(m.startswith("fused-pattern graph built") for m in messages) == 1, caplog.text

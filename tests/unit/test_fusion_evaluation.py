@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import polars as pl
@@ -10,8 +11,13 @@ import pytest
 
 from core.errors import ContractViolation
 from models.recommender.evaluation import Split, check_gate, metric_rows, metrics_of, time_split
-from models.recommender.fusion import FusionParams, TuningGrid, fuse, tune_fusion
+from models.recommender.fusion import Fused, FusionParams, TuningGrid, select, tune_fusion, union_of
 from models.recommender.sources.base import EncodedLog, Lists
+
+
+def fuse(lists: Mapping[str, Lists], params: FusionParams, is_new: np.ndarray) -> Fused:
+    """Return the fused candidates of the lists: their union, scored and cut to K (what the candidate stage does)."""
+    return select(union_of(lists), params, is_new)
 
 
 def _lists(rows: list[list[int]]) -> Lists:

@@ -54,7 +54,6 @@ class SharedStatistics:
         self._keys = [algorithm._algorithm_key for algorithm in base.pipeline_steps[self._last]]
         self.merged = MergedGraphs()
         self._statistics = self._collect(base.get_statistic_points_for_step(self._last, smoothed, graph), smoothed, graph)
-        self.collections = 1  # how many times the last step's statistics were collected (tests read it)
 
     def pipeline(self, ignored: Sequence[str]) -> Any:
         """Return NNCF's post-training pipeline for the model with the MatMuls named in ignored kept float."""
@@ -95,7 +94,6 @@ class SharedStatistics:
         have, want = _signatures(self._statistics, self._keys), _signatures(needed, keys)
         if any(point in have and have[point] != signature for point, signature in want.items()):
             log.info("int8 trial needs other statistics at collected points: collecting its own")
-            self.collections += 1
             return self._collect(needed, self._smoothed, self._graph)
         missing = [point for point in want if point not in have]
         if missing:
@@ -112,7 +110,6 @@ class SharedStatistics:
             if (position, statistic_point.target_point) in missing:
                 extra.add_statistic_point(StatisticPoint(statistic_point.target_point, collector, self._keys[position]))
         log.info("int8 trial needs statistics at %d more points: collecting them", len(missing))
-        self.collections += 1
         for statistic_points in self._collect(extra, self._smoothed, self._graph).values():
             for statistic_point in statistic_points:
                 self._statistics.add_statistic_point(statistic_point)
@@ -130,7 +127,6 @@ class MergedGraphs:
 
     def __init__(self) -> None:
         self._built: dict[tuple[Any, ...], Any] = {}
-        self.built = 0  # how many were built rather than copied (tests read it)
 
     @contextlib.contextmanager
     def reused(self) -> Iterator[None]:
@@ -143,7 +139,7 @@ class MergedGraphs:
             key = _fingerprint(graph, pattern)
             if key not in self._built:
                 self._built[key] = original(graph, pattern)
-                self.built += 1
+                log.debug("fused-pattern graph built (%d so far); later trials copy it", len(self._built))
             return copy.deepcopy(self._built[key])
 
         InsertionPointGraph.get_ip_graph_with_merged_hw_optimized_operations = merged
