@@ -21,7 +21,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.candidates import cpu_flags, print_metrics, run_stage
+from benchmarks.candidate_scale import cpu_flags, print_metrics, run_stage
 from benchmarks.catalogues import latent_catalogue, scratch, text_embeddings
 from models.recommender.candidate_stage import CandidateConfig
 from models.recommender.evaluation import METRICS

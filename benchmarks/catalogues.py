@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from models.recommender.retrieval import ItemChunks
-from nightscore.demo import DEMO_BASE_TIME, EVENT_PROBS, EVENTS, _bodies, _epoch_us, _titles, topics
+from nightscore.demo import DEMO_BASE_TIME, EVENT_PROBS, EVENTS, bodies, epoch_us, titles, topics
 
 TOKEN = r"[a-z0-9]+"
 
@@ -82,13 +82,13 @@ def latent_catalogue(
     item_vec = rng.standard_normal((n_items, factors)).astype(np.float32)
     appeal = rng.normal(0.0, 1.0, n_items).astype(np.float32)
     topic_idx = np.argmax(item_vec[:, : len(topics())], axis=1)
-    created = _epoch_us(DEMO_BASE_TIME) - rng.integers(0, span_days * 86_400, n_items) * 1_000_000
+    created = epoch_us(DEMO_BASE_TIME) - rng.integers(0, span_days * 86_400, n_items) * 1_000_000
     created[rng.random(n_items) < 0.5] -= 365 * 86_400 * 1_000_000  # half the catalogue predates the log
     items = pl.DataFrame(
         {
             "item_id": [f"item-{i:06d}" for i in range(1, n_items + 1)],
-            "title": _titles(rng, topic_idx),
-            "body": _bodies(rng, topic_idx),
+            "title": titles(rng, topic_idx),
+            "body": bodies(rng, topic_idx),
             "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
             "topic": np.array(topics())[topic_idx].tolist(),
         }
@@ -102,7 +102,7 @@ def _latent_interactions(
     """Return interactions drawn by Gumbel-top-n of taste . item + appeal, each after its item's creation."""
     user_vec = rng.standard_normal((n_users, item_vec.shape[1])).astype(np.float32) * 0.6
     counts = np.clip(np.rint(rng.lognormal(np.log(median), 0.9, n_users)), 1, 500).astype(np.int64)
-    start = _epoch_us(DEMO_BASE_TIME) - 120 * 86_400 * 1_000_000
+    start = epoch_us(DEMO_BASE_TIME) - 120 * 86_400 * 1_000_000
     users, picks, times = [], [], []
     for lo in range(0, n_users, 512):
         hi = min(lo + 512, n_users)
@@ -111,7 +111,7 @@ def _latent_interactions(
         for u in range(hi - lo):
             chosen = order[u, : counts[lo + u]]
             first = np.maximum(created[chosen], start)
-            ts = first + (rng.random(len(chosen)) * (_epoch_us(DEMO_BASE_TIME) - first)).astype(np.int64)
+            ts = first + (rng.random(len(chosen)) * (epoch_us(DEMO_BASE_TIME) - first)).astype(np.int64)
             users.append(np.full(len(chosen), lo + u))
             picks.append(chosen)
             times.append(ts // 1_000_000 * 1_000_000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from core.errors import is_expected
 
@@ -58,6 +59,15 @@ class OneLine(logging.Formatter):
         return self.inner.format(bare)
 
 
+class LazyFileHandler(logging.FileHandler):
+    """A file handler that makes its file's folder only when its first record comes (a read-only command leaves none)."""
+
+    def _open(self) -> Any:
+        """Open the log file, making its folder first."""
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
 def log_file_path(logs_dir: Path, command: str) -> Path:
     """Return a fresh log file path for one command: <logs>/<UTC time>-<command>.log."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
@@ -78,11 +88,10 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
     for handler in root.handlers:
         _console(handler, verbose)
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
         for old in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
             root.removeHandler(old)  # one log file per command (tests run many commands in one process)
             old.close()
-        file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=True)  # no file until a record comes
+        file_handler = LazyFileHandler(log_file, encoding="utf-8", delay=True)  # no file (nor folder) until a record comes
         file_handler.setFormatter(run_formatter())
         file_handler.addFilter(RunNameFilter())
         root.addHandler(file_handler)

@@ -284,7 +284,7 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
         ProgressBarsConfig,
     )
 
-    from data_contracts.docs_views import site_config
+    from data_contracts.docs_views import site_config  # Great Expectations' renderers: loaded for Data Docs only
 
     sites = {} if docs_dir is None else {DOCS_SITE: site_config(str(docs_dir))}
     config = DataContextConfig(

@@ -24,6 +24,7 @@ CALLBACK_HELP = (
     "Optional http(s) URL: when the run ends the run POSTs {flow_run_id, run_id, state, counts, tables} to "
     "it. Loopback, link-local and private addresses are refused unless NIGHTSCORE_CALLBACK_ALLOW_PRIVATE."
 )
+BOTH_INPUTS = "give both items_uri and interactions_uri, or neither for the configured ones (NIGHTSCORE_ITEMS_URI, ...)"
 FIRST_DATE, LAST_DATE = date(1900, 1, 1), date(2999, 12, 31)
 DATE_PATTERN = r"^(19[0-9]{2}|2[0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 CALLBACK_PATTERN = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+([/?#]\S*)?$"
@@ -79,7 +80,9 @@ class NightlyParams(_Params):
     """Parameters of the nightly run (all optional: the schedule runs it with none)."""
 
     run_date: date | None = Field(None, description=RUN_DATE_HELP, json_schema_extra=DATE_SCHEMA)
-    items_uri: str | None = Field(None, description="Items Parquet (local path or s3://); empty = NIGHTSCORE_ITEMS_URI (none: refused).")
+    items_uri: str | None = Field(
+        None, description="Items Parquet (local path or s3://); empty = NIGHTSCORE_ITEMS_URI (none: refused)."
+    )
     interactions_uri: str | None = Field(None, description="Interactions Parquet; give it together with items_uri.")
     resume: str | None = Field(
         None, description="RUN_ID of an unfinished run to resume; empty = the unfinished run of the same date and inputs."
@@ -89,7 +92,7 @@ class NightlyParams(_Params):
     @model_validator(mode="after")
     def _both_inputs(self) -> NightlyParams:
         if bool(self.items_uri) != bool(self.interactions_uri):
-            raise ValueError("give both items_uri and interactions_uri, or neither for the configured inputs (NIGHTSCORE_ITEMS_URI, ...)")
+            raise ValueError(BOTH_INPUTS)
         return self
 
 
@@ -132,7 +135,7 @@ class BackfillParams(_Params):
         if (self.end_date - self.start_date).days >= 366:
             raise ValueError("a backfill covers at most 366 dates; split it")
         if bool(self.items_uri) != bool(self.interactions_uri):
-            raise ValueError("give both items_uri and interactions_uri, or neither for the configured inputs (NIGHTSCORE_ITEMS_URI, ...)")
+            raise ValueError(BOTH_INPUTS)
         return self
 
 

@@ -111,7 +111,7 @@ def topics() -> tuple[str, ...]:
     return tuple(TOPIC_WORDS)
 
 
-def _epoch_us(moment: datetime) -> int:
+def epoch_us(moment: datetime) -> int:
     """Return a timezone-aware datetime as integer microseconds since the Unix epoch."""
     return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // datetime.resolution
 
@@ -154,7 +154,7 @@ def _series_names(series: np.ndarray, named: np.ndarray, seed: int) -> np.ndarra
     return np.where(named, np.char.add(names, " "), "")
 
 
-def _titles(rng: np.random.Generator, topic_idx: np.ndarray, prefixes: np.ndarray | None = None) -> list[str | None]:
+def titles(rng: np.random.Generator, topic_idx: np.ndarray, prefixes: np.ndarray | None = None) -> list[str | None]:
     """Return one short, mostly topical, title-cased title per item (after its series name); a few are null."""
     counts = rng.integers(3, 9, topic_idx.size)
     words = _draw_words(rng, topic_idx, counts, TITLE_TOPIC_SHARE, 0.0)
@@ -166,7 +166,7 @@ def _titles(rng: np.random.Generator, topic_idx: np.ndarray, prefixes: np.ndarra
     return [None if is_null else title for title, is_null in zip(titles, null, strict=True)]
 
 
-def _bodies(rng: np.random.Generator, topic_idx: np.ndarray) -> list[str]:
+def bodies(rng: np.random.Generator, topic_idx: np.ndarray) -> list[str]:
     """Return one body per item with a log-normal word count and sentences ending in full stops."""
     median = np.log(BODY_WORDS_MEDIAN)
     counts = np.clip(np.rint(rng.lognormal(median, BODY_WORDS_SIGMA, topic_idx.size)), 3, BODY_WORDS_MAX)
@@ -190,23 +190,23 @@ def generate_items(n_items: int = 2000, seed: int = 0) -> pl.DataFrame:
     age_us = rng.integers(91 * _US_PER_DAY, 365 * _US_PER_DAY, n_items)
     new = rng.random(n_items) < NEW_ITEM_SHARE
     age_us[new] = rng.integers(0, NEW_ITEM_DAYS * _US_PER_DAY, int(new.sum()))
-    created_s = (_epoch_us(DEMO_BASE_TIME) - age_us) // _US_PER_S * _US_PER_S
+    created_s = (epoch_us(DEMO_BASE_TIME) - age_us) // _US_PER_S * _US_PER_S
     structure = _structure(np.random.default_rng([seed, 2]), topic_idx)
     named = np.bincount(structure.series)[structure.series] > 1
     prefixes = _series_names(structure.series, named, seed)
-    titles: list[str | None] = []
-    bodies: list[str] = []
+    item_titles: list[str | None] = []
+    item_bodies: list[str] = []
     for n, start in enumerate(range(0, n_items, TEXT_CHUNK)):
         text_rng = np.random.default_rng([seed, 0, n])
         part = slice(start, start + TEXT_CHUNK)
-        titles += _titles(text_rng, topic_idx[part], prefixes[part])
-        bodies += _bodies(text_rng, topic_idx[start : start + TEXT_CHUNK])
+        item_titles += titles(text_rng, topic_idx[part], prefixes[part])
+        item_bodies += bodies(text_rng, topic_idx[start : start + TEXT_CHUNK])
     numbers = pl.Series(np.arange(1, n_items + 1)).cast(pl.String).str.zfill(6)
     return pl.DataFrame(
         [
             ("item-" + numbers).alias("item_id"),
-            pl.Series("title", titles, dtype=pl.String),
-            pl.Series("body", bodies, dtype=pl.String),
+            pl.Series("title", item_titles, dtype=pl.String),
+            pl.Series("body", item_bodies, dtype=pl.String),
             _to_datetime("created_at", created_s),
             pl.Series("topic", np.array(topics())[topic_idx].tolist(), dtype=pl.String),
         ]
@@ -266,7 +266,7 @@ def _user_timestamps(rng: np.random.Generator, counts: np.ndarray, continues: np
     offset_s = np.floor((1.0 - frac) * span_s).astype(np.int64) + (counts.repeat(counts) - position)
     last_s = np.minimum(rng.exponential(7 * 86_400, counts.size), 60 * 86_400).astype(np.int64)  # last activity
     offset_s += np.repeat(last_s, counts)
-    return _epoch_us(DEMO_BASE_TIME) - offset_s * _US_PER_S
+    return epoch_us(DEMO_BASE_TIME) - offset_s * _US_PER_S
 
 
 def _interaction_counts(rng: np.random.Generator, n_users: int, median: float) -> np.ndarray:

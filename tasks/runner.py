@@ -19,7 +19,9 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from core.environment import apply_runtime_defaults, worker_environment
 from core.errors import UsageError
+from core.logs import configure_logging
 from core.settings import Settings, current_settings, load_settings
+from models.encoder.device import configure_threads
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +182,6 @@ def remote_resources(cfg: Settings) -> dict[str, Any]:
 
 def setup_worker() -> None:
     """Prepare a Ray worker process: nightscore's logs at INFO, offline model libraries, torch threads."""
-    from core.logs import configure_logging
-    from models.encoder.device import configure_threads
-
     cfg = load_settings()
     apply_runtime_defaults(cfg)
     configure_logging()

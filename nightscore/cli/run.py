@@ -17,6 +17,7 @@ from core.records import Published
 from core.run_context import parse_run_date, run_inputs
 from core.settings import Settings, settings_scope
 from core.stop import install_signal_handlers
+from flows.params import NightlyParams, TrainRankerParams
 from nightscore.cli.app import INVOCATION, HomeOption, command_settings
 from nightscore.demo import ensure_demo_inputs
 from nightscore.output import next_steps, progress_bar, summary_text
@@ -39,16 +40,16 @@ def run_nightly(
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
     if demo and (items or interactions):
         raise UsageError("--demo scores the demo data: give it without --items/--interactions")
+    params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
     cfg = command_settings(home, "run-nightly")
     if demo:
-        items, interactions = ensure_demo_inputs(lake_for(cfg))
+        items_uri, interactions_uri = ensure_demo_inputs(lake_for(cfg))
+        params = params.model_copy(update={"items_uri": items_uri, "interactions_uri": interactions_uri})
     elif not resume:
         run_inputs(cfg, items, interactions)  # no inputs anywhere: refused before Prefect starts
     from flows.nightly import nightly  # imported here for start-up speed: Prefect loads in seconds
-    from flows.params import NightlyParams
 
     install_signal_handlers()
-    params = NightlyParams(run_date=run_date, items_uri=items, interactions_uri=interactions, resume=resume)
     with interruptible(), settings_scope(cfg), progress_bar():
         published = nightly(params)
     typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **run_notes(cfg, published)))
@@ -90,8 +91,7 @@ def run_train_ranker(
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
     cfg = command_settings(home, "run-train-ranker")
-    from flows.params import TrainRankerParams  # imported here for start-up speed: Prefect loads in seconds
-    from flows.train_ranker import train_ranker
+    from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
 
     with settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))

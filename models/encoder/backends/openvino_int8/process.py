@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from models.encoder.backends.base import BackendUnavailable
-from models.encoder.backends.openvino_int8.search import Int8NotFaster, QuantizationFailed, SpeedGate, StaticInt8, Validation
+from models.encoder.backends.openvino_int8.search import (
+    Int8NotFaster,
+    QuantizationFailed,
+    SpeedGate,
+    StaticInt8,
+    Validation,
+    quantize_to_target,
+)
 
 REFUSALS: dict[str, type[BackendUnavailable]] = {
     "QuantizationFailed": QuantizationFailed,
@@ -112,9 +119,7 @@ def read_job(folder: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation
 
 def main(folder_name: str) -> None:
     """Run the job in folder_name (the child's entry point): int8.xml + result.json, or error.json."""
-    import openvino as ov
-
-    from models.encoder.backends.openvino_int8.search import quantize_to_target
+    import openvino as ov  # the runtime loads in the child only
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     folder = Path(folder_name)

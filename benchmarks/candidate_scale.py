@@ -10,7 +10,7 @@ time in the final pass and users/s, and the held-out metrics table. Item-item ke
 table (items x neighbours at most), never an items x items matrix; users are processed in --user-chunk
 chunks, so the working set follows the chunk, not the number of users. Usage:
 
-    nice -n 5 python benchmarks/candidates.py [--items 1000000] [--users 100000] [--median 81] [--dim 384]
+    nice -n 5 python benchmarks/candidate_scale.py [--items 1000000] [--users 100000] [--median 81] [--dim 384]
         [--user-chunk 2048] [--tune-users 5000] [--eval-users 10000] [--final-users N] [--json OUT]
 """
 
