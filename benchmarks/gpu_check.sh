@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
-from models.encoder import model_dir
+from models.encoder.files import model_dir
 from data_contracts.inputs import item_text_expr
 from nightscore.demo import generate_items
 src, dst = model_dir(), Path(".gpu/model")

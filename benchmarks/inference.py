@@ -32,12 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.settings import EncoderSettings
 from models.encoder.backends.registry import BACKENDS, unavailable_reason
 from models.encoder.device import CPU_FLAGS, configure_threads, cpu_model_and_flags, resolve_device
 from models.encoder.engine import encode_texts, run_batches
 from models.encoder.files import model_dir
 from models.encoder.loader import load_encoder
-from models.encoder.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, Fidelity, FidelityRefused, fidelity, floor_for
+from models.encoder.precision import Fidelity, FidelityRefused, fidelity, floor_for
 from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
 
@@ -721,7 +722,8 @@ def report(
     add_fidelity(results, reference_embeddings)
     ordered = {m: results[m] for m in [*sorted(results, key=_row_order)]}
     mm = matmul_gflops(device, n=8192, dtype=torch.bfloat16) if device.type == "cuda" else matmul_gflops(device)
-    floor = floor_for(auto.backend.precision, DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR)
+    defaults = EncoderSettings()
+    floor = floor_for(auto.backend.precision, defaults.fidelity_floor_float, defaults.fidelity_floor_int8)
     best = st_best(results, floor)
     print(cpu_flags())
     print(

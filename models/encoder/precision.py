@@ -13,9 +13,6 @@ import numpy as np
 
 from core.errors import ModelLoadError
 
-DEFAULT_FLOAT_FLOOR = 0.999
-DEFAULT_INT8_FLOOR = 0.99
-
 # Sentences of several topics; the calibration corpus is built from them, and the short extremes
 # ("hello", one symbol) are kept because the shortest texts are where int8 loses most.
 PROBE_TEXTS: list[str] = [

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from core.settings import load_settings
+from core.settings import EncoderSettings, load_settings
 from models.encoder.backends.registry import BACKENDS, unavailable_reason
 from models.encoder.device import resolve_device
 from models.encoder.engine import encode_texts
 from models.encoder.loader import load_encoder
-from models.encoder.precision import DEFAULT_FLOAT_FLOOR, DEFAULT_INT8_FLOOR, PROBE_TEXTS
+from models.encoder.precision import PROBE_TEXTS
 from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
 from tests.helpers import cos_rows
@@ -71,7 +71,8 @@ def test_precision_against_fp32_on_the_device_and_on_cpu(
     cache = request.getfixturevalue("minilm_int8").cache_dir if shared else None  # MiniLM's int8 searched once
     encoder = load_encoder(_spec(device, backend, precision, cache))  # refused (FidelityRefused) if under its floor
     out, stats = encode_texts(encoder, TEXTS)
-    floor = DEFAULT_INT8_FLOOR if precision == "int8" else DEFAULT_FLOAT_FLOOR
+    defaults = EncoderSettings()
+    floor = defaults.fidelity_floor_int8 if precision == "int8" else defaults.fidelity_floor_float
     same_device = cos_rows(out, encode_texts(device_fp32, TEXTS)[0])
     against_cpu = cos_rows(out, cpu_fp32)
     print(f"{backend}/{precision} on {device}: min cos {same_device.min():.5f} (same device), {against_cpu.min():.5f} (CPU fp32)")
