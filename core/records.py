@@ -72,6 +72,8 @@ class EngineMode:
     calibration_file: str | None = None  # holds every candidate auto measured (the run's artifact shows them)
     streams: int = 1  # batches run at once (OpenVINO CPU streams)
     length_multiple: int = 1  # batch lengths rounded up to a multiple (a runtime's kernels)
+    choice: str = "pinned"  # how it was chosen: pinned, calibrated (now), persisted (an earlier calibration), default
+    choice_note: str | None = None  # why auto kept the default mode (its encoding did not pay for a calibration)
 
     @property
     def label(self) -> str:
@@ -292,6 +294,7 @@ class RunRecord:
     calibration_device_kind: str | None = None
     calibrated_tokens_per_s: float | None = None
     calibration_from_cache: bool | None = None
+    engine_choice: str | None = None
     cold_recall_at_k: float | None = None
     ranker_kind: str | None = None
     ranker_version: str | None = None

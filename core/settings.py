@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
+import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -177,8 +178,18 @@ class EncoderSettings(Group):
         None, description="Token budgets auto tries. Default 1024/2048/4096 on CPU, 16k-128k on CUDA; token_budget pins one."
     )
     recalibrate: bool = Field(False, description="Ignore the persisted calibration and measure again (then persist).")
+    calibrate_when_encode_s: float = Field(
+        300.0,
+        ge=0,
+        description="auto on a machine kind not calibrated yet: calibrate (1-4 minutes on a small CPU) only when the run's "
+        "texts would take at least this many seconds to encode in the default mode (timed on one batch); a shorter run "
+        "encodes in the default mode (torch fp32 on CPU, bf16/fp16 on CUDA) and `nightscore calibrate` measures the "
+        "machine. 0: always calibrate.",
+    )
     engine_cache_dir: Path | None = Field(
-        None, description="Converted models (by model digest, backend, precision) and calibrations. Default <home>/engine."
+        None,
+        description="Converted models (by model digest, backend, precision) and calibrations, shared by every home on "
+        "this machine. Default: the user cache folder (platformdirs: ~/.cache/nightscore/engine on Linux).",
     )
 
     @field_validator("bucket_boundaries")
@@ -249,6 +260,15 @@ class CandidateSettings(Group):
     als_confidence: Literal["log", "linear"] = Field("log", description="ALS: confidence = 1 + alpha x log(1 + w/eps) or x w.")
     als_iterations: int = Field(15, ge=1, description="ALS: iterations.")
     trend_half_life_days: float = Field(7.0, gt=0, description="Trending: half-life of an interaction's count.")
+    trend_min_users: int = Field(
+        3, ge=1, description="Trending: an item trends only once this many distinct users interacted with it."
+    )
+    trend_user_cap: float = Field(
+        2.0,
+        gt=0,
+        description="Trending: one user's weight on one item, at most (event weights summed, decayed): a few users "
+        "repeating events cannot make an item trend.",
+    )
     topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
     fusion_quota_grid: list[float] = Field(
         default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3],
@@ -353,6 +373,37 @@ class ServingSettings(Group):
         alias="serving_cooc_boost",
         description="Add this x a candidate's co-visitation with the user's fresh events to its score (0: off; "
         "the run's neighbours are then not loaded).",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        alias="serving_api_keys",
+        description="Keys a client sends as `Authorization: Bearer <key>` or `X-API-Key` (JSON list). POST /v1/events and "
+        "/metrics always need one, recommendations unless open_reads; none set: the service refuses to start unless "
+        "allow_no_keys.",
+    )
+    open_reads: bool = Field(
+        False, alias="serving_open_reads", description="Answer recommendations without a key (events and /metrics still need one)."
+    )
+    allow_no_keys: bool = Field(
+        False,
+        alias="serving_allow_no_keys",
+        description="Let the service start without api_keys, every endpoint open (single-host setups, tests).",
+    )
+    rate_limit_per_s: float = Field(
+        100.0,
+        ge=0,
+        alias="serving_rate_limit_per_s",
+        description="Requests per second a client (its key, else its address) may make to /v1/* per worker; more get "
+        "429 with Retry-After (0: no limit).",
+    )
+    rate_limit_burst: int = Field(
+        200, ge=1, alias="serving_rate_limit_burst", description="Requests a client may make at once above its rate."
+    )
+    events_max_age_s: float = Field(
+        86_400.0,
+        gt=0,
+        alias="serving_events_max_age_s",
+        description="An event whose ts is older than this is refused with 422 (its day may be exported already).",
     )
 
 
@@ -521,8 +572,8 @@ class Settings(BaseSettings):
 
     @property
     def engine_cache(self) -> Path:
-        """Return the folder of converted models and calibrations (local: OpenVINO reads its IR files from disk)."""
-        return self.encoder.engine_cache_dir or self.home / "engine"
+        """Return the folder of converted models and calibrations: one per user and machine, whatever the home."""
+        return self.encoder.engine_cache_dir or Path(platformdirs.user_cache_dir("nightscore")) / "engine"
 
     @property
     def logs_dir(self) -> Path:

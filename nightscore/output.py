@@ -18,6 +18,7 @@ from rich.table import Table
 
 from core import progress
 from core.records import MethodQuality, Published, RunRecord
+from models.encoder.spec import Calibration
 from storage.warehouse.base import QueryResult
 
 
@@ -143,6 +144,12 @@ def quality_table(quality: Sequence[MethodQuality]) -> list[str]:
     return lines
 
 
+DEFAULT_MODE = "auto's default: this machine kind is not calibrated, and this run was too short to pay for it"
+
+
+PROGRESS_LABELS = {"encode": "encode shards", "calibrate": "calibrate (candidates, timing, sweep)"}
+
+
 def _engine_line(r: RunRecord) -> list[str]:
     """Return the line naming the inference mode (chosen by calibration or pinned) with its fidelity and speed."""
     if r.backend is None:
@@ -153,6 +160,8 @@ def _engine_line(r: RunRecord) -> list[str]:
             + (" (persisted choice)" if r.calibration_from_cache else "")
         )
         if r.calibration_device_kind
+        else DEFAULT_MODE
+        if r.engine_choice == "default"
         else "pinned"
     )
     return [f"  engine: {r.backend}/{r.precision}@{r.token_budget} ({how}); min cosine to torch fp32 {r.fidelity_min:.5f}"]
@@ -185,7 +194,7 @@ def progress_bar(enabled: bool | None = None) -> Iterator[None]:
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in bars:
-                bars[stage] = shown.add_task(f"{stage} shards", total=total)
+                bars[stage] = shown.add_task(PROGRESS_LABELS.get(stage, stage), total=total)
             shown.update(bars[stage], completed=done, total=total)
 
         stop = progress.listen(update)
@@ -204,3 +213,20 @@ def next_steps(home: Path | None) -> str:
         f"  nightscore runs{where}\n"
         f"  nightscore serve{where}   # GET /v1/users/<user_id>/recommendations; API docs at /docs"
     )
+
+
+def calibration_table(calibration: Calibration, file: Path) -> str:
+    """Return what auto measured on this machine kind: every candidate mode, its speed, padding, fidelity and verdict."""
+    table = Table("mode", "real tokens/s", "padding", "min cosine", "note", title=f"auto on {calibration.device_kind}")
+    for row in calibration.table:
+        fidelity = row.get("fidelity") or {}
+        table.add_row(
+            str(row["mode"]),
+            f"{float(str(row['tokens_per_s'])):,.0f}",
+            f"{float(str(row['padding_efficiency'])):.3f}",
+            "" if not isinstance(fidelity, dict) or "min" not in fidelity else f"{fidelity['min']:.5f}",
+            str(row.get("note") or ""),
+        )
+    how = "read from an earlier calibration" if calibration.from_cache else f"measured in {calibration.seconds:.0f} s"
+    chosen = f"chosen: {calibration.mode.label} at {calibration.tokens_per_s:,.0f} real tokens/s ({how}); kept in {file}"
+    return _to_text(table) + "\n" + chosen

@@ -339,4 +339,5 @@ def run_record(
         calibration_device_kind=encoded.engine.device_kind,
         calibrated_tokens_per_s=encoded.engine.calibrated_tokens_per_s,
         calibration_from_cache=encoded.engine.calibration_from_cache,
+        engine_choice=encoded.engine.choice,
     )

@@ -23,7 +23,7 @@ from core.run_context import run_folder
 from core.settings import Settings
 from models.encoder.batching import assign_shards
 from models.encoder.files import model_info, tokenizer_for
-from models.encoder.loader import calibration_summary, get_encoder, resolve_mode, spec_version
+from models.encoder.loader import ModeChoice, calibration_summary, choose_mode, get_encoder, spec_version
 from models.encoder.spec import EncoderSpec
 from storage.lake import Lake
 from storage.resources import lake_for, warehouse_for
@@ -43,17 +43,18 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
     """Produce plan.parquet and reused.parquet; return the shards to encode and the encode progress artifact."""
     started, cfg, lake = time.perf_counter(), run.settings, lake_for(run.settings)
     requested = EncoderSpec.from_settings(cfg)
-    spec = requested.pinned(resolve_mode(requested))  # auto calibrates here on a new kind of machine, else reads the choice
-    max_length = model_info(spec).max_seq_length
-    tokenizer = tokenizer_for(spec)
+    max_length, tokenizer = model_info(requested).max_seq_length, tokenizer_for(requested)
     keys = pl.concat(
         [plan_keys(batch, tokenizer) for batch in _item_batches(lake, validated.items_uri)]
         or [pl.DataFrame(schema={"item_id": pl.String, "content_hash": pl.String, "full_length": pl.Int64})]
     )
-    version = spec_version(spec)
-    reused = write_reused(lake, run, previous_vectors(lake, warehouse_for(cfg)), version, keys)
     full = keys.get_column("full_length").to_numpy()
     lengths = np.minimum(full, max_length)
+    # auto reads this machine kind's calibration, or calibrates when the run's encoding pays for it (else the default)
+    choice = choose_mode(requested, int(lengths.sum()))
+    spec = requested.pinned(choice.mode)
+    version = spec_version(spec)
+    reused = write_reused(lake, run, previous_vectors(lake, warehouse_for(cfg)), version, keys)
     columns = keys.select("content_hash").with_columns(
         pl.Series("token_count", lengths, dtype=pl.Int32), shard_column(keys, reused, lengths, cfg)
     )
@@ -66,7 +67,7 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
         keys.height - reused.len(),
         len(shards),
     )
-    engine = engine_mode(requested, spec)
+    engine = engine_mode(requested, spec, choice)
     log.info(
         "encode mode %s (%s), min cosine to torch fp32 %.5f",
         engine.label,
@@ -89,10 +90,11 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
     )
 
 
-def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
-    """Return the run's inference mode: the resolved spec's, with its measured fidelity and auto's calibration."""
+def engine_mode(requested: EncoderSpec, resolved: EncoderSpec, choice: ModeChoice) -> EngineMode:
+    """Return the run's inference mode: the resolved spec's, with its measured fidelity, how it was chosen, and auto's
+    calibration."""
     record = get_encoder(resolved).mode_record()  # loaded once per process: the shards and topic scores reuse it
-    calibration = calibration_summary(requested) or {}
+    calibration = (calibration_summary(requested) or {}) if choice.how in ("calibrated", "persisted") else {}
     return EngineMode(
         backend=str(record["backend"]),
         precision=str(record["precision"]),
@@ -108,6 +110,8 @@ def engine_mode(requested: EncoderSpec, resolved: EncoderSpec) -> EngineMode:
         calibrated_tokens_per_s=_number(calibration.get("calibration_tokens_per_s")),
         calibration_from_cache=bool(calibration["calibration_from_cache"]) if calibration else None,
         calibration_file=_text(calibration.get("calibration_file")),
+        choice=choice.how,
+        choice_note=choice.note or None,
     )
 
 

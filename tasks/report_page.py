@@ -143,6 +143,8 @@ def _engine(r: RunRecord) -> str:
     how = (
         f"auto: calibrated on `{r.calibration_device_kind}`, {_number(r.calibrated_tokens_per_s, 0)} tok/s"
         if r.calibration_device_kind
+        else "auto's default (not calibrated here; `nightscore calibrate`)"
+        if r.engine_choice == "default"
         else "pinned"
     )
     return f"`{r.backend}/{r.precision}@{r.token_budget}` ({how}); min cosine to torch fp32 {_number(r.fidelity_min, 5)}"

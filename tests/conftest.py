@@ -29,6 +29,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Return a fresh NIGHTSCORE_HOME for this test (exported, so flow tasks see it)."""
     path = tmp_path / "home"
     monkeypatch.setenv("NIGHTSCORE_HOME", str(path))
+    monkeypatch.setenv("NIGHTSCORE_ENGINE_CACHE_DIR", str(tmp_path / "engine"))  # never the user's shared cache
     for name in ("NIGHTSCORE_LAKE_URL", "NIGHTSCORE_WAREHOUSE_URL", "NIGHTSCORE_CACHE_URL"):
         monkeypatch.delenv(name, raising=False)
     return path

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from core import progress
 from models.encoder.backends.base import BackendUnavailable
 from models.encoder.backends.registry import BACKENDS, unavailable_reason
 from models.encoder.device import device_kind
@@ -45,6 +46,7 @@ SCREEN = 3  # a candidate under a third of the fastest on one batch cannot win o
 KEEP = 0.75  # after one corpus pass, a trial under 3/4 of the best is not timed again (passes swung up to 30%)
 
 
+PHASES = 2  # progress steps after the candidates' loads: timing passes, the finalists' sweep
 TIE = 0.05  # trials within 5% of the fastest are a tie on a shared machine (repeated passes swing more than that)
 
 
@@ -154,11 +156,15 @@ def run_calibration(
     reference = load(Mode("torch", "fp32", default))
     loaded: dict[tuple[str, str, int], TextEncoder] = {}
     trials = _screened_trials(spec, device, default, load, reference, loaded, corpus, tokenizer, info)
+    steps = len(candidates(spec, device)) + PHASES
+    progress.report("calibrate", steps - 2, steps)  # loaded, screened, checked against torch fp32
     _time_trials([t for t in trials if t.meets_floor], loaded, corpus, reference)
+    progress.report("calibrate", steps - 1, steps)
     finalists = sorted((t for t in trials if t.meets_floor), key=lambda t: -t.tokens_per_s)[:FINALISTS]
     _load_streams(finalists, loaded, threads, load)
     lengths = [min(len(tokenizer.encode(text).ids), info.max_seq_length) for text in corpus]
     trials += _sweep(finalists, loaded, corpus, tried, reference, shape_multiples(lengths, spec.padding_floor))
+    progress.report("calibrate", steps, steps)
     best = _best(trials)
     winner = loaded.get(_key(best.mode), reference)
     winner.backend.length_multiple = best.mode.length_multiple
@@ -198,12 +204,14 @@ def _screened_trials(
     are kept in ``loaded``."""
     trials: list[Trial] = []
     encoders: list[tuple[Trial, TextEncoder]] = []
-    for backend_name, precision in candidates(spec, device):
+    pairs = candidates(spec, device)
+    for index, (backend_name, precision) in enumerate(pairs, start=1):
         trial = Trial(Mode(backend_name, precision, default), floor_for(precision, spec.float_floor, spec.int8_floor))
         trials.append(trial)
         encoder = _try_load(trial, reference, device, load)
         if encoder is not None:
             encoders.append((trial, encoder))
+        progress.report("calibrate", index, len(pairs) + PHASES)
     _screen(encoders, calibration_texts(tokenizer, info.max_seq_length, default, seed=2))
     expected = _vectors(reference, corpus)
     for trial, encoder in encoders:

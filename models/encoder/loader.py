@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from models.encoder.backends.registry import load_backend
 from models.encoder.calibration import calibration_texts, run_calibration
 from models.encoder.calibration_store import calibration_file, persist, read_persisted
 from models.encoder.device import configure_threads, default_token_budget, resolve_device
+from models.encoder.engine import encode_texts
 from models.encoder.files import load_module, load_tokenizer, model_info
 from models.encoder.precision import PROBE_TEXTS, FidelityRefused, floor_for, require_floor
 from models.encoder.spec import Calibration, EncoderSpec, Mode
@@ -214,15 +216,71 @@ def calibration_summary(spec: EncoderSpec) -> dict[str, object] | None:
     return {**calibration.summary(), "calibration_file": str(calibration_file(spec, info, device, threads))}
 
 
-def resolve_mode(spec: EncoderSpec) -> Mode:
-    """Return the mode a spec runs in: auto's choice (persisted, else measured now), or the pinned one, all pinned.
+@dataclass(frozen=True)
+class ModeChoice:
+    """The mode a run encodes in, and how it was chosen: pinned, calibrated now, persisted, or the default."""
 
-    Call it once where the run is planned and hand ``spec.pinned(mode)`` to every shard worker: a worker then
-    loads exactly the planned mode (same vector version) whatever its own cache folder holds, and never calibrates.
+    mode: Mode
+    how: str  # pinned | calibrated | persisted | default
+    note: str = ""
+
+
+def choose_mode(spec: EncoderSpec, expected_tokens: int | None = None) -> ModeChoice:
+    """Return the mode a spec runs in and how it was chosen, every field pinned.
+
+    Under auto: the persisted calibration of this machine kind; else, when ``expected_tokens`` would encode in under
+    ``spec.calibrate_when_encode_s`` seconds in the default mode (timed on one batch), the default mode, so that a
+    short run never waits minutes for a calibration; else a calibration now (then persisted). Call it once where the
+    run is planned and hand ``spec.pinned(choice.mode)`` to every shard worker: a worker then loads exactly the
+    planned mode whatever its own cache folder holds, and never calibrates.
     """
     device = resolve_device(spec.device)
     if not calibrates(spec):
         backend, precision = pinned_pair(spec, device)
-        return Mode(backend, precision, spec.token_budget or default_token_budget(device), spec.length_multiple, spec.streams)
+        budget = spec.token_budget or default_token_budget(device)
+        return ModeChoice(Mode(backend, precision, budget, spec.length_multiple, spec.streams), "pinned")
     stored = None if spec.recalibrate else read_persisted(spec, model_info(spec), device, configure_threads(spec.num_threads))
-    return get_encoder(spec).mode if stored is None or spec in _CACHE else stored.mode
+    if spec in _CACHE:
+        calibration = _CACHE[spec].calibration
+        return ModeChoice(_CACHE[spec].mode, "persisted" if calibration and calibration.from_cache else "calibrated")
+    if stored is not None:
+        return ModeChoice(stored.mode, "persisted")
+    seconds = None if expected_tokens is None else expected_encode_seconds(spec, device, expected_tokens)
+    if seconds is not None and seconds < spec.calibrate_when_encode_s:
+        note = f"not calibrated: ~{seconds:.0f} s of encoding does not pay for a calibration (`nightscore calibrate`)"
+        log.info("auto: default mode, %s", note)
+        return ModeChoice(default_mode(spec, device), "default", note)
+    return ModeChoice(get_encoder(spec).mode, "calibrated")
+
+
+def default_mode(spec: EncoderSpec, device: torch.device) -> Mode:
+    """Return auto's mode where it does not calibrate: the fixed default backend and precision, the device's budget."""
+    backend, precision = fixed_default(device)
+    return Mode(backend, precision, spec.token_budget or default_token_budget(device))
+
+
+def expected_encode_seconds(spec: EncoderSpec, device: torch.device, tokens: int) -> float:
+    """Return how long tokens would take to encode in the default mode, timed on one batch of the calibration corpus."""
+    if tokens <= 0:
+        return 0.0
+    encoder = get_encoder(spec.pinned(default_mode(spec, device)))  # the run reuses it when it encodes in this mode
+    texts = calibration_texts(encoder.tokenizer, encoder.max_length, encoder.token_budget)
+    encode_texts(encoder, texts[: max(len(texts) // 4, 1)])  # warm-up: first-use costs are not the run's rate
+    _, stats = encode_texts(encoder, texts)
+    return tokens / max(stats.real_tokens / max(stats.seconds, 1e-9), 1e-9)
+
+
+def resolve_mode(spec: EncoderSpec) -> Mode:
+    """Return the mode a spec runs in: auto's choice (persisted, else measured now), or the pinned one, all pinned."""
+    return choose_mode(spec).mode
+
+
+def calibrate_machine(spec: EncoderSpec, again: bool = False) -> tuple[Calibration, Path]:
+    """Return this machine kind's calibration of the spec's model and its file: the persisted one, else (or when
+    ``again``) measured now and persisted. UsageError when the spec pins its mode (nothing to choose)."""
+    if not calibrates(spec):
+        raise UsageError("the encoder's mode is pinned (NIGHTSCORE_BACKEND / NIGHTSCORE_PRECISION): nothing to calibrate")
+    encoder = get_encoder(replace(spec, recalibrate=again))
+    assert encoder.calibration is not None  # a calibrating spec always carries its calibration
+    device, threads = resolve_device(spec.device), configure_threads(spec.num_threads)
+    return encoder.calibration, calibration_file(spec, model_info(spec), device, threads)

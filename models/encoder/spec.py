@@ -50,6 +50,7 @@ class EncoderSpec:
     token_budget: int | None = _DEFAULTS.token_budget  # None: auto's calibrated budget (or the device default)
     calibration_budgets: tuple[int, ...] | None = None  # None: the device's candidate budgets
     recalibrate: bool = _DEFAULTS.recalibrate  # ignore a persisted calibration and measure again
+    calibrate_when_encode_s: float = _DEFAULTS.calibrate_when_encode_s  # a shorter run does not wait for a calibration
     length_multiple: int = 1  # pinned modes: pad batch lengths to a multiple (resolve_mode carries auto's choice)
     streams: int = _DEFAULTS.streams  # pinned modes: batches run at once where the backend can (OpenVINO CPU streams)
 
@@ -71,6 +72,7 @@ class EncoderSpec:
             token_budget=options.token_budget,
             calibration_budgets=tuple(options.calibration_budgets) if options.calibration_budgets else None,
             recalibrate=options.recalibrate,
+            calibrate_when_encode_s=options.calibrate_when_encode_s,
             streams=options.streams,
         )
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from core.errors import ContractViolation
-from nightscore.check import check_inputs, check_report
 from nightscore.cli.app import HomeOption, command_settings
 from nightscore.demo import generate_demo_data
 from storage.lake import Lake
@@ -40,6 +39,8 @@ def contracts_check(
 ) -> None:
     """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
     cfg = command_settings(home, "contracts-check")
+    from nightscore.check import check_inputs, check_report  # imported here for start-up speed: pandera and GX load slowly
+
     check = check_inputs(lake_for(cfg), cfg, items, interactions)
     typer.echo(check_report(check, cfg.contracts.quarantine_max_share))
     if not check.passed(cfg.contracts.quarantine_max_share):

@@ -15,7 +15,7 @@ import typer
 
 from core.errors import EXIT_USAGE, NightscoreError, UsageError, exit_code_for, is_expected
 from core.logs import to_log_file
-from nightscore.cli import data, run, serve, stack, warehouse
+from nightscore.cli import calibrate, data, run, serve, stack, warehouse
 from nightscore.cli.app import INVOCATION
 
 log = logging.getLogger("nightscore")
@@ -31,6 +31,7 @@ def build_app() -> typer.Typer:
     app.command("query")(warehouse.query)
     app.command("runs")(warehouse.runs)
     app.command("serve")(serve.serve)
+    app.command("calibrate")(calibrate.calibrate)
     app.command("prune")(data.prune)
     app.command("up")(stack.up)
     app.command("down")(stack.down)

@@ -77,6 +77,7 @@ RUN_COLUMNS: dict[str, str] = {
     "calibration_device_kind": "text",
     "calibrated_tokens_per_s": "double",
     "calibration_from_cache": "boolean",
+    "engine_choice": "text",  # how the mode was chosen: pinned, calibrated, persisted, default (auto, not calibrated)
     # the candidates (issue 15): fused recall@K on held-out interactions is recall_at_k, the served ranking's NDCG@10 is
     # ndcg_at_10; every method's figures are in retrieval_metrics
     "cold_recall_at_k": "double",
