@@ -57,6 +57,10 @@ class QueryRefused(UsageError):
     """An analyst's SQL is not one read-only statement over the warehouse's tables and views, or it failed (exit 2)."""
 
 
+class QueryTimeout(QueryRefused):
+    """An analyst's statement ran past the query timeout (NIGHTSCORE_QUERY_TIMEOUT_S) and was stopped (exit 2)."""
+
+
 class CacheUnavailable(NightscoreError):
     """The cache server could not be reached (exit 1; HTTP 503 in serving)."""
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator, Sequence
+import math
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from core import progress
-from core.records import MethodQuality, Published, RunRecord
+from core.records import MethodQuality, Published, RunRecord, TrainedRanker
 from models.encoder.spec import Calibration
 from storage.warehouse.base import QueryResult
 
@@ -26,26 +31,118 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     if isinstance(value, Decimal):
-        return float(value)
+        return _finite(float(value))
     if isinstance(value, (tuple, set)):
-        return list(value)
+        return [_finite(v) for v in value]
     return str(value)
 
 
-def render(result: QueryResult, fmt: str) -> str:
+def _finite(value: Any) -> Any:
+    """Return value with every NaN or infinity (at any depth) as None: JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def render(result: QueryResult, fmt: str, width: int | None = None) -> str:
     """Return a query result as text: 'table' (aligned), 'csv' (with header) or 'json' (array of objects)."""
+    return "".join(render_stream(result.columns, [result.rows], fmt, width)).rstrip("\n")
+
+
+def render_stream(
+    columns: list[str], batches: Iterable[Sequence[tuple[Any, ...]]], fmt: str, width: int | None = None
+) -> Iterator[str]:
+    """Yield a result as text a batch of rows at a time, so that a big result is never held whole.
+
+    'table': aligned on the first batch's widths, or one column per line (psql's expanded layout) when that is
+    wider than width; 'csv' with a header; 'json': an array of row objects (NaN and infinities as null).
+    """
     if fmt == "json":
-        return json.dumps(result.records(), default=_json_value)
+        return _json_chunks(columns, batches)
     if fmt == "csv":
+        return _csv_chunks(columns, batches)
+    return _table_chunks(columns, batches, width)
+
+
+def _json_chunks(columns: list[str], batches: Iterable[Sequence[tuple[Any, ...]]]) -> Iterator[str]:
+    before = "[\n"  # what comes before the next row: the array's opening, then a comma
+    for batch in batches:
+        if batch:
+            yield before + ",\n".join(_json_row(columns, row) for row in batch)
+            before = ",\n"
+    yield "[]\n" if before == "[\n" else "\n]\n"
+
+
+def _json_row(columns: list[str], row: Sequence[Any]) -> str:
+    return json.dumps(_finite(dict(zip(columns, row, strict=True))), default=_json_value, allow_nan=False)
+
+
+def _csv_chunks(columns: list[str], batches: Iterable[Sequence[tuple[Any, ...]]]) -> Iterator[str]:
+    for rows in chain([[tuple(columns)]], batches):
         buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(result.columns)
-        writer.writerows(result.rows)
-        return buffer.getvalue().rstrip("\n")
-    table = Table(*result.columns, show_lines=False)
-    for row in result.rows:
-        table.add_row(*(_cell(v) for v in row))
-    return _to_text(table)
+        csv.writer(buffer, lineterminator="\n").writerows(rows)
+        yield buffer.getvalue()
+
+
+def _table_chunks(columns: list[str], batches: Iterable[Sequence[tuple[Any, ...]]], width: int | None) -> Iterator[str]:
+    """Yield an aligned table (widths from the first batch), or the expanded layout when it is wider than width."""
+    batches = iter(batches)
+    first = list(next(batches, []))
+    cells = [[_cell(v) for v in row] for row in first]
+    widths = [max([len(name), *(_longest(row[i]) for row in cells)]) for i, name in enumerate(columns)]
+    expanded = width is not None and sum(widths) + 3 * len(widths) - 1 > width
+    if not expanded:
+        yield _aligned_line(columns, widths, [False] * len(columns)) + _rule(widths)
+    right = [any(_is_number(row[i]) for row in first[:1]) for i in range(len(columns))]
+    shown = 0
+    for rows in chain([cells], ([[_cell(v) for v in row] for row in batch] for batch in batches)):
+        if expanded:
+            yield "".join(_record(columns, row, shown + n + 1) for n, row in enumerate(rows))
+        else:
+            yield "".join(_aligned_line(row, widths, right) for row in rows)
+        shown += len(rows)
+    yield f"({shown} row{'' if shown == 1 else 's'})\n"
+
+
+def _aligned_line(cells: Sequence[str], widths: list[int], right: list[bool]) -> str:
+    """Return one row of the aligned table: cells padded to their widths (numbers to the right), | between."""
+    lines = [cell.split("\n") for cell in cells]
+    out = []
+    for k in range(max((len(parts) for parts in lines), default=1)):
+        parts = [p[k] if k < len(p) else "" for p in lines]
+        out.append(" " + " | ".join(_pad(t, w, r) for t, w, r in zip(parts, widths, right, strict=True)).rstrip() + "\n")
+    return "".join(out)
+
+
+def _rule(widths: list[int]) -> str:
+    return "-" + "-+-".join("-" * w for w in widths) + "-\n"
+
+
+def _record(columns: list[str], cells: Sequence[str], number: int) -> str:
+    """Return one row in the expanded layout: a record header, then one 'column | value' line per column."""
+    key = max(len(name) for name in columns)
+    lines = [f"-[ RECORD {number} ]" + "-" * max(0, key - 8) + "\n"]
+    for name, cell in zip(columns, cells, strict=True):
+        first, *rest = cell.split("\n")
+        lines.append(f"{name.ljust(key)} | {first}".rstrip() + "\n")
+        lines += [f"{' ' * key} | {more}".rstrip() + "\n" for more in rest]
+    return "".join(lines)
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def _longest(cell: str) -> int:
+    return max(len(line) for line in cell.split("\n"))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
 
 
 def _cell(value: Any) -> str:
@@ -58,6 +155,27 @@ def _to_text(renderable: Any) -> str:
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(renderable)
     return console.export_text().rstrip("\n")
+
+
+def echo_stream(chunks: Iterable[str]) -> None:
+    """Write text chunks to stdout as they come; stop quietly when the reader has gone (`| head`), as cat does."""
+    try:
+        for chunk in chunks:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would report the closed pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def terminal_width() -> int | None:
+    """Return the terminal's width when the output is a terminal (None when it goes to a file or a pipe)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def cut_notice(limit: int) -> str:
+    """Return the line that says a query's result was cut at limit rows, and how to see more."""
+    return f"nightscore: showed the first {limit} rows; --limit N shows more, --limit 0 all (NIGHTSCORE_QUERY_MAX_ROWS)"
 
 
 def _num(value: float | None) -> str:
@@ -91,13 +209,14 @@ def summary_text(
         f"  interactions: {r.interactions_in} in, {r.interactions_quarantined} quarantined;"
         f" users with candidates: {r.users_with_candidates}",
         *quarantine_lines(quarantine or []),
-        *truncation_warning(r.truncated_texts, r.rows_computed, max_tokens),
+        *truncation_warning(r.truncated_texts, r.rows_scored, max_tokens),
         _encode_line(published),
         f"  model {r.model_version}",
         *_engine_line(r),
         f"  candidates on held-out interactions: fused recall@K {_num(r.recall_at_k)} (popularity"
         f" {_num(r.popularity_recall_at_k)}), ranked NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)}),"
         f" cold-item recall@K {_num(r.cold_recall_at_k)}; ranker {r.ranker_kind or 'none'}",
+        *candidate_notes(r),
         *quality_table(published.quality),
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in published.stage_seconds.items()),
     ]
@@ -120,15 +239,34 @@ def _took(wall_s: float, elapsed_s: float | None) -> str:
 
 def quarantine_lines(rules: list[QuarantineRule]) -> list[str]:
     """Return one line per quarantine rule: dataset, rule, rows and an example row key (empty when nothing was quarantined)."""
-    return [f"  quarantined {dataset} {rule}: {rows} (e.g. {example})" for dataset, rule, rows, example in rules]
+    return [f"  quarantined {dataset} {rule}: {rows} (e.g. {example_key(example)})" for dataset, rule, rows, example in rules]
 
 
-def truncation_warning(truncated: int, encoded: int, max_tokens: int | None) -> list[str]:
+def example_key(key: str) -> str:
+    """Return a quarantined row's key as shown: a blank key says so, a long or multi-line one is cut to one line."""
+    if not key.strip():
+        return "a blank key"
+    shown = " ".join(key.split())
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def truncation_warning(truncated: int, texts: int, max_tokens: int | None) -> list[str]:
     """Return the warning line about texts cut at the encoder's maximum length (empty when none was)."""
-    if not truncated or not encoded:
+    if not truncated or not texts:
         return []
     limit = f"{max_tokens} tokens" if max_tokens else "the model's maximum length"
-    return [f"  warning: {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at {limit}"]
+    return [f"  warning: {truncated} of the run's {texts} texts ({truncated / texts:.1%}) are truncated at {limit}"]
+
+
+def candidate_notes(r: RunRecord) -> list[str]:
+    """Return the candidate gate's outcome and the fallback source, when there was one, as summary lines."""
+    lines = [f"  candidate gate {r.candidate_gate}"] if r.candidate_gate else []
+    if r.candidate_fallback:
+        lines.append(
+            f"  note: the fused list lost to {r.candidate_fallback} on the validation split: "
+            f"the candidates are {r.candidate_fallback}'s list"
+        )
+    return lines
 
 
 def quality_table(quality: Sequence[MethodQuality]) -> list[str]:
@@ -230,3 +368,15 @@ def calibration_table(calibration: Calibration, file: Path) -> str:
     how = "read from an earlier calibration" if calibration.from_cache else f"measured in {calibration.seconds:.0f} s"
     chosen = f"chosen: {calibration.mode.label} at {calibration.tokens_per_s:,.0f} real tokens/s ({how}); kept in {file}"
     return _to_text(table) + "\n" + chosen
+
+
+def trained_summary(trained: TrainedRanker) -> str:
+    """Return what `run train-ranker` did: the ranker now served, whether it changed, and its held-out figures."""
+    if trained.version == trained.previous:
+        head = f"ranker {trained.version} unchanged: run {trained.trained_on} already serves it (same training, same model)"
+    else:
+        was = f" (was {trained.previous})" if trained.previous else ""
+        head = f"ranker {trained.version} trained on {trained.trained_on} and served from now on{was}; saved to {trained.uri}"
+    served = {k.split(".", 1)[1]: v for k, v in trained.metrics.items() if k.startswith("ranked.")}
+    figures = ", ".join(f"{name} {value:.3f}" for name, value in sorted(served.items()))
+    return f"{head}\n  held-out: {figures}" if figures else head

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias
 
 import pyarrow as pa
 
+from storage.warehouse.analyst import RowStream
 from storage.warehouse.runs import QueryResult, RunLookups
 
 Rows: TypeAlias = pa.Table | pa.RecordBatchReader  # a stream is read once, as the insert consumes it
@@ -98,12 +100,21 @@ class Warehouse(RunLookups):
         """
 
     @abstractmethod
-    def analyst_query(self, sql: str) -> QueryResult:
-        """Run one analyst's read-only statement in the sandbox and return its result (`nightscore query`).
+    def analyst_rows(self, sql: str, limit: int = 0, timeout_s: float | None = None) -> AbstractContextManager[RowStream]:
+        """Open one analyst's read-only statement in the sandbox; yield its rows as a stream (`nightscore query`).
 
-        Exactly one SELECT (WITH, VALUES, table functions included) over the warehouse's own tables and views;
-        anything else, and any SQL error, raises QueryRefused (exit 2) with a one-line message.
+        Exactly one SELECT (WITH, VALUES, table functions, EXPLAIN of a SELECT included) over the warehouse's own
+        tables and views; anything else, and any SQL error, raises QueryRefused (exit 2) with a one-line message.
+        It never holds what a publication waits for (DuckDB: it reads a snapshot of the file; PostgreSQL: the
+        writers' lock is one a read-only role cannot take). limit: rows at most (0: all); timeout_s: the statement
+        is stopped after it (QueryTimeout), reading its rows included; Ctrl-C cancels it (KeyboardInterrupt).
         """
+
+    def analyst_query(self, sql: str, limit: int = 0, timeout_s: float | None = None) -> QueryResult:
+        """Run one analyst's statement as `analyst_rows` does and return its whole (capped) result."""
+        with self.analyst_rows(sql, limit, timeout_s) as stream:
+            rows = [row for batch in stream for row in batch]
+        return QueryResult(stream.columns, rows, stream.truncated)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""The DuckDB warehouse (the embedded default): one file, a connection held only while used."""
+"""The DuckDB warehouse (the embedded default): one file, a connection held only while used.
+
+Analysts' SQL reads a snapshot of the file (storage/warehouse/duckdb_analyst.py), never the file a run writes.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,17 @@ import pyarrow as pa
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from core.errors import NightscoreError, PublishError, QueryRefused, WarehouseBusy, WarehouseMissing
+from storage.warehouse.analyst import RowStream
 from storage.warehouse.base import QueryResult, Rows, _line, present_columns
+from storage.warehouse.duckdb_analyst import (
+    check_analyst_sql,
+    copy_snapshot,
+    is_current,
+    sandbox_message,
+    sandboxed,
+    snapshot_path,
+    watched,
+)
 from storage.warehouse.duckdb_gate import GATE, config_key
 from storage.warehouse.schema import (
     ddl,
@@ -27,6 +41,7 @@ log = logging.getLogger(__name__)
 
 
 DUCKDB_MEMORY_LIMIT = "512MB"  # buffer pool of a write transaction; more spills to disk
+SNAPSHOT_WAIT_S = 2.0  # how long a query waits for a writer to let go of the file before it reads the last snapshot
 
 
 class DuckDBSession:
@@ -49,17 +64,6 @@ class DuckDBSession:
             self.con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _incoming")
         finally:
             self.con.unregister("_incoming")
-
-
-# The analysts' DuckDB connection: no file, network or extension access beyond the warehouse file itself
-# (COPY, EXPORT, ATTACH, read_csv/read_text/glob and INSTALL are refused by DuckDB), settings frozen.
-ANALYST_DUCKDB_CONFIG: dict[str, str | bool] = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "allow_unsigned_extensions": False,
-    "lock_configuration": True,
-}
 
 
 class DuckDBWarehouse(SqlWarehouse):
@@ -102,11 +106,16 @@ class DuckDBWarehouse(SqlWarehouse):
             con.execute("COMMIT")
 
     @contextmanager
-    def _connection(self, read_only: bool, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Yield a connection, closed after; this process's connections of another configuration are waited for."""
+    def _connection(
+        self, read_only: bool, config: dict[str, str | bool] | None = None, wait_s: float | None = None
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection, closed after; this process's connections of another configuration are waited for.
+
+        wait_s: how long to wait for the file in all (None: lock_timeout_s, or the retries' backoff).
+        """
         config = config or {}
-        with GATE.holding(self.path, config_key(read_only, config), self._wait_bound_s()):
-            con = self._connect_with_retry(read_only, config)
+        with GATE.holding(self.path, config_key(read_only, config), self._wait_bound_s() if wait_s is None else wait_s):
+            con = self._connect_with_retry(read_only, config, wait_s)
             try:
                 yield con
             finally:
@@ -140,17 +149,16 @@ class DuckDBWarehouse(SqlWarehouse):
                 f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)"
             )
 
-    def _connect_with_retry(self, read_only: bool, config: dict[str, str | bool] | None = None) -> duckdb.DuckDBPyConnection:
+    def _connect_with_retry(
+        self, read_only: bool, config: dict[str, str | bool] | None = None, wait_s: float | None = None
+    ) -> duckdb.DuckDBPyConnection:
         """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
 
         A lock still held at the end of the bounded wait raises WarehouseBusy (a PublishError), never
         WarehouseMissing: a locked warehouse is not "no warehouse yet".
         """
-        stop = (
-            stop_after_delay(self.lock_timeout_s)
-            if self.lock_timeout_s is not None
-            else stop_after_attempt(self.lock_retries + 1)
-        )
+        wait_s = self.lock_timeout_s if wait_s is None else wait_s
+        stop = stop_after_delay(wait_s) if wait_s is not None else stop_after_attempt(self.lock_retries + 1)
         retrying = Retrying(
             retry=retry_if_exception(_is_lock_error),
             stop=stop,
@@ -169,11 +177,11 @@ class DuckDBWarehouse(SqlWarehouse):
             ) from exc
 
     @contextmanager
-    def _reading(self, config: dict[str, str | bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _reading(self, wait_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """Yield a read-only connection on an existing warehouse (WarehouseMissing when there is none)."""
         if not Path(self.path).exists():
             raise WarehouseMissing(f"no warehouse at {self.path}: run `nightscore run nightly` first")
-        with self._connection(read_only=True, config=config) as con:
+        with self._connection(read_only=True, wait_s=wait_s) as con:
             if _missing_duckdb_objects(con):
                 raise WarehouseMissing(f"no warehouse tables in {self.path}: run `nightscore run nightly` first")
             yield con
@@ -185,39 +193,39 @@ class DuckDBWarehouse(SqlWarehouse):
             columns = [d[0] for d in cursor.description or []]
             return QueryResult(columns, cursor.fetchall())
 
-    def analyst_query(self, sql: str) -> QueryResult:
-        """Run one analyst SELECT on a sandboxed read-only connection (ANALYST_DUCKDB_CONFIG); QueryRefused otherwise."""
-        with self._reading(ANALYST_DUCKDB_CONFIG) as con:
-            try:
-                _check_analyst_sql(con, sql)
-                cursor = con.execute(sql)
-                columns = [d[0] for d in cursor.description or []]
-                return QueryResult(columns, cursor.fetchall())
-            except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
-                raise QueryRefused(f"query refused: {_line(exc)}") from exc
-            except duckdb.Error as exc:
-                raise QueryRefused(f"query failed: {_line(exc)}") from exc
+    @contextmanager
+    def analyst_rows(self, sql: str, limit: int = 0, timeout_s: float | None = None) -> Iterator[RowStream]:
+        """Run one analyst SELECT on a sandboxed read-only connection to the warehouse's snapshot; QueryRefused otherwise."""
+        con = sandboxed(self._fresh_snapshot())
+        try:
+            check_analyst_sql(con, sql)
+            with watched(con, sql, limit, timeout_s) as (columns, batches):
+                yield RowStream(columns, batches, limit)
+        except duckdb.PermissionException as exc:  # the sandbox said no (a file, the network, an extension)
+            raise QueryRefused(f"query refused: {sandbox_message(exc)}") from exc
+        except duckdb.Error as exc:
+            raise QueryRefused(f"query failed: {sandbox_message(exc)}") from exc
+        finally:
+            con.close()
 
+    def _fresh_snapshot(self) -> Path:
+        """Return the analysts' copy of the warehouse, copied again first when the warehouse changed since.
 
-def _check_analyst_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Raise QueryRefused unless sql is one SELECT whose tables are the warehouse's (or DuckDB's catalog) own."""
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryRefused(f"query failed: {_line(exc)}") from exc
-    if len(statements) != 1:
-        raise QueryRefused(f"query refused: give exactly one statement, got {len(statements)}")
-    if statements[0].type != duckdb.StatementType.SELECT:
-        raise QueryRefused(
-            f"query refused: only a read-only SELECT (or WITH ... SELECT) is allowed, got {statements[0].type.name}"
-        )
-    known = {
-        str(row[0])
-        for row in con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()
-    }
-    foreign = sorted(name for name in con.get_table_names(sql) if name not in known)
-    if foreign:
-        raise QueryRefused(f"query refused: {', '.join(foreign)} is not a warehouse table or view")
+        While a writer holds the file (a run publishing), the last copy is read after SNAPSHOT_WAIT_S; only a
+        first copy waits as long as any read does.
+        """
+        source, snapshot = Path(self.path), snapshot_path(self.path)
+        if is_current(source, snapshot):
+            return snapshot
+        try:
+            with self._reading(wait_s=SNAPSHOT_WAIT_S if snapshot.exists() else None):
+                copy_snapshot(source, snapshot)
+        except WarehouseBusy:
+            if not snapshot.exists():
+                raise
+            as_of = datetime.fromtimestamp(snapshot.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
+            log.warning("warehouse %s is being written: this query reads it as it was at %s (its snapshot)", self.path, as_of)
+        return snapshot
 
 
 def _is_lock_error(exc: BaseException) -> bool:

@@ -1,23 +1,28 @@
 """The PostgreSQL warehouse adapter: the DuckDB tables, views and behaviour on a server.
 
 Select a schema with the URL, as libpq does: ``postgresql://user@host/db?options=-csearch_path%3Dmyschema``.
-Writes of one schema are serialised by an advisory lock (the server's equivalent of DuckDB's file
-lock), so publications, rollbacks and prunes never interleave; readers are never blocked.
+Writes of one schema are serialised by a lock on a table of their own (LOCK_SQL: the server's equivalent of
+DuckDB's file lock), so publications, rollbacks and prunes never interleave; readers are never blocked, and
+a reader cannot block a writer: a read-only role can neither take that lock nor, once a writer has recorded
+the schema's DDL version, hold anything a writer waits for.
 
-Analysts' SQL (`analyst_query`) runs in a read-only transaction that is always rolled back, as one prepared
-statement, and only for a role that is neither a superuser nor a member of the server-file roles (those
-could read or write the server's files with ``COPY``, ``pg_read_file`` or ``lo_import``); a role that can
-write the warehouse tables is warned about.
+Analysts' SQL (`analyst_rows`) runs in a read-only transaction that is always rolled back, as one statement
+of the extended protocol (never two) sent as written (no parameters: ``%`` is an operator), under a statement
+timeout, and only for a role that is neither a superuser nor a member of the server-file roles (those could
+read or write the server's files with ``COPY``, ``pg_read_file`` or ``lo_import``); a role that can write the
+warehouse tables is warned about.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
@@ -27,6 +32,7 @@ import pyarrow.compute as pc
 from psycopg import errors as pg_errors
 
 from core.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
+from storage.warehouse.analyst import BATCH_ROWS, RowStream, leading_keyword, timed_out
 from storage.warehouse.base import QueryResult, present_columns
 from storage.warehouse.schema import ddl, kind, object_names, upgrade_ddl
 from storage.warehouse.sql import SqlWarehouse
@@ -35,7 +41,11 @@ log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS = 10_000
 FLOAT4_OID = 700
-LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('nightscore.warehouse:' || current_schema()))"
+# Writers take this table in SHARE ROW EXCLUSIVE mode, which conflicts with itself: one writer per schema at a
+# time. A read-only role cannot take that mode (it needs UPDATE, DELETE or TRUNCATE on the table, and a read-only
+# transaction refuses it), and a SELECT's ACCESS SHARE does not conflict with it; an advisory lock anyone could take.
+WRITER_LOCK_TABLE = "nightscore_writer_lock"
+LOCK_SQL = f"LOCK TABLE {WRITER_LOCK_TABLE} IN SHARE ROW EXCLUSIVE MODE"
 ARROW_TYPES = {"text": pa.string(), "date": pa.date32(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64()}
 # Binary COPY sends each field as bytes the server decodes by the column's type; vectors are
 # pre-encoded with numpy (float4_arrays) and sent through the bytea dumper, ~5x faster than lists.
@@ -48,8 +58,7 @@ ROLE_SQL = (
     "AND c.relkind = 'r' AND has_table_privilege(c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE') ORDER BY 1) "
     "FROM pg_roles r WHERE r.rolname = current_user"
 )
-_LEADING_NOISE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/|\()*", re.DOTALL)
-READ_KEYWORDS = ("select", "with", "values", "table")
+READ_KEYWORDS = ("SELECT", "WITH", "VALUES", "TABLE", "EXPLAIN")  # EXPLAIN ANALYZE of a write fails: read-only
 _LITERAL_OR_MARK = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\$(\w*)\$.*?\$\1\$|\?""", re.DOTALL)
 
 
@@ -104,31 +113,45 @@ class PostgresWarehouse(SqlWarehouse):
             raise cls(f"cannot connect to warehouse {self.where}: {scrub(exc, self.url)}") from None
 
     def _lock(self, conn: psycopg.Connection[Any]) -> None:
-        """Take this schema's writer lock for the current transaction, waiting at most lock_timeout_s."""
+        """Take this schema's writer lock for the current transaction (creating its table), waiting at most lock_timeout_s."""
         conn.execute(f"SET LOCAL lock_timeout = '{int(self.lock_timeout_s * 1000)}ms'")
         try:
+            _create_lock_table(conn)
             conn.execute(LOCK_SQL)
         except pg_errors.LockNotAvailable as exc:
             raise WarehouseBusy(f"warehouse {self.where} is locked by another writer for over {self.lock_timeout_s:g}s") from exc
 
     def _ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
-        """Create the tables, views and indexes in the current schema unless they all exist (or require them)."""
+        """Create the tables, views and indexes in the current schema unless they all exist (or require them).
+
+        A writer upgrades an existing schema (views, internal tables, new columns) only when the DDL version it
+        recorded differs: CREATE OR REPLACE VIEW and ALTER TABLE would wait for every reader's query.
+        """
         if self._tables_ready:
             return
         with conn.transaction():
-            self._lock(conn)
             if not _schema_exists(conn):
                 raise UsageError(f"warehouse {self.where}: no schema to write to (does the search_path schema exist?)")
+            self._lock(conn)
             if _missing_objects(conn):
                 if self.embedding_dim is None:
                     raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
-                for statement in ddl(self.embedding_dim, "postgres"):
-                    conn.execute(statement)
+                _run_ddl(conn, ddl(self.embedding_dim, "postgres"))
+            elif self.embedding_dim is not None and _recorded_ddl_version(conn) != ddl_version():
+                self._upgrade(conn)
             if self.embedding_dim is not None:
-                for statement in upgrade_ddl("postgres"):  # a warehouse made by an older nightscore: views, run_leases
-                    conn.execute(statement)
                 _check_width(conn, self.embedding_dim, self.where)
         self._tables_ready = True
+
+    def _upgrade(self, conn: psycopg.Connection[Any]) -> None:
+        """Bring a schema made by an older nightscore up to date (views, internal tables, new columns)."""
+        try:
+            _run_ddl(conn, upgrade_ddl("postgres"))
+        except pg_errors.LockNotAvailable as exc:  # ALTER TABLE and CREATE OR REPLACE VIEW wait for readers' queries
+            raise WarehouseBusy(
+                f"warehouse {self.where}: its schema upgrade waited over {self.lock_timeout_s:g}s for queries that read "
+                "its tables; it runs once, try again"
+            ) from exc
 
     @contextmanager
     def _transaction(self, lock: bool = True) -> Iterator[PostgresSession]:
@@ -158,27 +181,107 @@ class PostgresWarehouse(SqlWarehouse):
             columns = [column.name for column in cursor.description or []]
             return QueryResult(columns, cursor.fetchall() if cursor.description else [])
 
-    def analyst_query(self, sql: str) -> QueryResult:
-        """Run one analyst statement as a checked role in a read-only, rolled-back transaction; QueryRefused otherwise."""
-        keyword = re.match(r"[A-Za-z]+", _LEADING_NOISE.sub("", sql, count=1))
-        if keyword is None or keyword.group(0).lower() not in READ_KEYWORDS:
-            raise QueryRefused("query refused: only a read-only SELECT (or WITH ... SELECT) is allowed")
+    @contextmanager
+    def analyst_rows(self, sql: str, limit: int = 0, timeout_s: float | None = None) -> Iterator[RowStream]:
+        """Stream one analyst statement as a checked role in a read-only, rolled-back transaction; QueryRefused otherwise."""
+        if leading_keyword(sql) not in READ_KEYWORDS:
+            raise QueryRefused(
+                "query refused: only a read-only SELECT (or WITH ... SELECT, EXPLAIN) is allowed, "
+                f"got {leading_keyword(sql) or 'no statement'}"
+            )
         with self._connect(NightscoreError) as conn:
             check_analyst_role(conn, self.where)
             try:
-                return self._read_only(conn, sql)
+                with conn.transaction(force_rollback=True):
+                    self._begin_analyst_read(conn, timeout_s)
+                    cursor = conn.cursor()
+                    rows = cast(Generator[Any, None, None], cursor.stream(sql, size=_stream_chunk()))  # sent as written
+                    try:
+                        yield _row_stream(cursor, sql, rows, limit)
+                    finally:
+                        rows.close()  # a stream left early is cancelled on the server
+            except pg_errors.QueryCanceled as exc:
+                if timeout_s is not None and "statement timeout" in str(exc):
+                    raise timed_out(timeout_s) from None
+                raise QueryRefused(f"query failed: {scrub(exc, self.url)}") from None
             except psycopg.Error as exc:
                 raise QueryRefused(f"query failed: {scrub(exc, self.url)}") from None
 
-    def _read_only(self, conn: psycopg.Connection[Any], sql: str) -> QueryResult:
-        """Run one unbound statement on conn in a read-only transaction that is always rolled back."""
-        with conn.transaction(force_rollback=True):
-            conn.execute("SET TRANSACTION READ ONLY")
-            if _missing_objects(conn):
-                raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
-            cursor = conn.execute(pg_sql(sql, bind=False), prepare=True)
-            columns = [column.name for column in cursor.description or []]
-            return QueryResult(columns, cursor.fetchall() if cursor.description else [])
+    def _begin_analyst_read(self, conn: psycopg.Connection[Any], timeout_s: float | None) -> None:
+        """Make the transaction read-only and bounded (statement and idle timeouts), on an existing warehouse."""
+        conn.execute("SET TRANSACTION READ ONLY")
+        if timeout_s is not None:
+            bound = max(1, round(timeout_s * 1000))
+            conn.execute(f"SET LOCAL statement_timeout = {bound}")
+            conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = {bound}")
+        # This check also takes the snapshot, after which SET TRANSACTION READ WRITE is refused.
+        if _missing_objects(conn):
+            raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
+
+
+def _stream_chunk() -> int:
+    """Return how many rows the server sends at a time: a batch with libpq 17's chunked mode, else one."""
+    return BATCH_ROWS if psycopg.pq.version() >= 170000 else 1
+
+
+def _row_stream(cursor: psycopg.Cursor[Any], sql: str, rows: Iterator[tuple[Any, ...]], limit: int) -> RowStream:
+    """Return a stream over rows; the statement runs now, so that its columns are known before any row is read."""
+    first = next(rows, None)
+    if first is None:  # psycopg keeps no description of a stream without rows: the server describes the statement
+        return RowStream(_described_columns(cursor.connection, sql), iter([]), limit)
+    columns = [column.name for column in cursor.description or []]
+    return RowStream(columns, _in_batches(itertools.chain([first], rows), limit), limit)
+
+
+def _in_batches(rows: Iterator[tuple[Any, ...]], limit: int) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield rows in batches, pulling no more than the limit and one more (0: all)."""
+    fetched = 0
+    while size := RowStream.next_fetch(limit, fetched):
+        batch = list(itertools.islice(rows, size))
+        if not batch:
+            return
+        fetched += len(batch)
+        yield batch
+
+
+def _described_columns(conn: psycopg.Connection[Any], sql: str) -> list[str]:
+    """Return the column names of a statement as the server describes it (prepared unnamed, never run)."""
+    prepared = conn.pgconn.prepare(b"", sql.encode())
+    if prepared.status != psycopg.pq.ExecStatus.COMMAND_OK:
+        return []
+    described = conn.pgconn.describe_prepared(b"")
+    return [(described.fname(i) or b"").decode() for i in range(described.nfields)]
+
+
+def ddl_version() -> str:
+    """Return the version of the DDL a writer keeps a schema at (a hash of upgrade_ddl's statements)."""
+    return hashlib.sha256("\n".join(upgrade_ddl("postgres")).encode()).hexdigest()[:16]
+
+
+def _create_lock_table(conn: psycopg.Connection[Any]) -> None:
+    """Create the writers' lock table unless it exists (its one row: the DDL version last run on the schema)."""
+    row = conn.execute("SELECT to_regclass(%s)", [WRITER_LOCK_TABLE]).fetchone()
+    if row is not None and row[0] is not None:
+        return
+    try:
+        with conn.transaction():  # a savepoint: a concurrent first writer may create it at the same moment
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {WRITER_LOCK_TABLE} (ddl_version text)")
+    except (pg_errors.UniqueViolation, pg_errors.DuplicateTable):
+        pass  # the other writer's table: LOCK_SQL waits for it
+
+
+def _recorded_ddl_version(conn: psycopg.Connection[Any]) -> str | None:
+    """Return the DDL version recorded in the schema (None before the first writer recorded one)."""
+    row = conn.execute(f"SELECT max(ddl_version) FROM {WRITER_LOCK_TABLE}").fetchone()
+    return row[0] if row else None
+
+
+def _run_ddl(conn: psycopg.Connection[Any], statements: list[str]) -> None:
+    """Run DDL statements in the writer's transaction and record the DDL version they bring the schema to."""
+    for statement in statements:
+        conn.execute(statement)
+    conn.execute(f"DELETE FROM {WRITER_LOCK_TABLE}")
+    conn.execute(f"INSERT INTO {WRITER_LOCK_TABLE} (ddl_version) VALUES (%s)", [ddl_version()])
 
 
 def check_analyst_role(conn: psycopg.Connection[Any], where: str) -> None:

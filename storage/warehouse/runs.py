@@ -14,10 +14,10 @@ from storage.warehouse.schema import NEWEST_FIRST
 
 
 class QueryResult:
-    """Columns and rows of a read-only query."""
+    """Columns and rows of a read-only query (truncated: an analyst query had more rows than its limit)."""
 
-    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-        self.columns, self.rows = columns, rows
+    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]], truncated: bool = False) -> None:
+        self.columns, self.rows, self.truncated = columns, rows, truncated
 
     def records(self) -> list[dict[str, Any]]:
         """Return the rows as column-name -> value dicts."""
