@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.candidate_scale import cpu_flags, print_metrics, run_stage
 from benchmarks.catalogues import latent_catalogue, scratch, text_embeddings
+from core.errors import ContractViolation
 from models.recommender.candidate_stage import CandidateConfig
-from models.recommender.evaluation import METRICS
+from models.recommender.evaluation import METRICS, check_gate
 from nightscore.demo import generate_demo_data
 
 
@@ -65,6 +66,14 @@ def verdict(table: pl.DataFrame) -> str:
     )
 
 
+def gate_outcome(report: object, config: CandidateConfig) -> str:
+    """Return the candidate gate's outcome on one seed's held-out evaluation (a failure's message, not raised)."""
+    try:
+        return check_gate(report.metrics, report.recall, config.gate)  # type: ignore[attr-defined]
+    except ContractViolation as exc:
+        return f"FAILED: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every catalogue over the seeds and print its mean table and verdict."""
     logging.basicConfig(level=logging.WARNING)
@@ -75,17 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"CPU: {cpu_flags()}")
     for spec in args.catalogue:
-        tables, chosen = [], []
+        tables, chosen, gates = [], [], []
         for seed in args.seeds:
             items, interactions = catalogue(spec, seed)
+            config = CandidateConfig(seed=seed)
             with scratch() as folder:
                 chunks = text_embeddings(items, args.dim, Path(folder))
-                _, report, _, _ = run_stage(items, interactions, chunks, CandidateConfig(seed=seed))
+                tuned, report, _, _ = run_stage(items, interactions, chunks, config)
             tables.append(report.metrics)  # type: ignore[attr-defined]
             chosen.append(report.chosen)  # type: ignore[attr-defined]
+            gates.append(f"seed {seed}: {gate_outcome(report, config)}; published {tuned.fallback or 'fused'}")  # type: ignore[attr-defined]
         table = mean_table(tables)
         print_metrics(table, f"{spec}: mean over seeds {args.seeds} (ranker kinds chosen: {chosen}); metrics {METRICS}")
         print(verdict(table))
+        print("gate " + " | ".join(gates))
     return 0
 
 

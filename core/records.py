@@ -202,6 +202,8 @@ class Candidates:
     ranker_kind: str = "none"
     ranker_version: str | None = None
     quality: tuple[MethodQuality, ...] = ()
+    gate: str = ""  # the candidate gate's outcome: "passed: ...", or "not enough data to gate: ..."
+    fallback: str | None = None  # the source published instead of the fused list (it lost to it on validation)
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,8 @@ class RunRecord:
     cold_recall_at_k: float | None = None
     ranker_kind: str | None = None
     ranker_version: str | None = None
+    candidate_gate: str | None = None
+    candidate_fallback: str | None = None
     published_at: datetime | None = None
     message: str | None = None
 
@@ -322,3 +326,15 @@ class Published:
     def run_id(self) -> str:
         """Return the published run's id."""
         return self.record.run_id
+
+
+@dataclass(frozen=True)
+class TrainedRanker:
+    """A trained, versioned ranker in the lake and its offline metrics."""
+
+    version: str
+    uri: str
+    trained_on: str
+    metrics: dict[str, float]
+    seconds: float
+    previous: str | None = None  # the ranker the run served before: the same version means nothing changed

@@ -10,6 +10,8 @@ from core.errors import InputUnreadable
 
 ROW = "__row"
 REQUIRED_COLUMNS = {"items": ["item_id", "body"], "interactions": ["user_id", "item_id", "event", "ts"]}
+# Inputs a run accepts without rows: nobody has used a new catalogue yet (its run publishes item scores, no candidates).
+MAY_BE_EMPTY = frozenset({"interactions"})
 QUARANTINE_SCHEMA = pl.Schema(
     {"dataset": pl.String(), "row_key": pl.String(), "rule": pl.String(), "value": pl.String(), "reason": pl.String()}
 )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prefect import flow
 
+from core.records import TrainedRanker
 from flows.params import TrainRankerParams
-from tasks.train_ranker import TrainedRanker, published_run, train
+from tasks.train_ranker import published_run, train
 
 
 @flow(name="train-ranker")

@@ -316,6 +316,8 @@ def run_record(
         cold_recall_at_k=candidates.cold_recall_at_k,
         ranker_kind=candidates.ranker_kind,
         ranker_version=candidates.ranker_version,
+        candidate_gate=candidates.gate or None,
+        candidate_fallback=candidates.fallback,
         ndcg_at_10=candidates.ndcg_at_10,
         popularity_recall_at_k=candidates.popularity_recall_at_k,
         popularity_ndcg_at_10=candidates.popularity_ndcg_at_10,

@@ -5,11 +5,14 @@ In order (models/recommender/candidate_stage.py holds the pure functions):
    same cut inside the rest gives the validation split;
 2. tune: sources fitted on the validation training part, the fusion (per-source weights, RRF constant, new-item
    quota) tuned on its held-out part, the first stage and both stage-two rankers trained on its users' candidates;
+   a source whose list beats the fused one there with confidence is published instead (the fallback, recorded);
 3. evaluate: sources fitted on the evaluation training part; every source, popularity, the fused and the ranked lists
    measured on the held-out interactions (never tuned on) -> ``retrieval_metrics``; the better ranker kind is kept;
-4. gate: fused recall@K below popularity's (+ a margin) or cold-item recall under its floor fails the run (exit 3);
+4. gate: fused recall@K below popularity's (+ a margin) with confidence (a paired bootstrap over held-out users)
+   or cold-item recall under its floor fails the run (exit 3); too few held-out users: "not enough data to gate";
 5. publish what serving will read: sources fitted on all the run's interactions, the tuned fusion, each user's K
    candidates with their feature rows (``candidate_entries.parquet``: one cache entry per user) and the ranker.
+   Every user gets min(K, catalogue items it has not seen) candidates: short lists are topped up (source ``fill``).
 
 Produces ``user_candidates.parquet``, ``candidate_entries.parquet``, ``retrieval_metrics.parquet``, ``serving.json``
 (the ranker version, its feature set, the trending list for users nobody has seen and the neighbours' path), the
@@ -23,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
@@ -47,7 +51,7 @@ from models.recommender.ranker_models import Scorer, scorer_to_bytes
 from models.recommender.retrieval import ITEM_BLOCK, ItemChunks
 from models.recommender.sources.base import encode_run
 from models.recommender.sources.cooccurrence import CooccurrenceSource, neighbour_frame
-from models.recommender.sources.popularity import trending_scores
+from models.recommender.sources.popularity import robust_trending
 from storage.artifacts import publish_neighbours, publish_scorer
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
@@ -91,7 +95,7 @@ def build_candidates(run: RunRef, validated: Validated, scored: Scored) -> Candi
     tuned = tune(catalogue, encoded, chunks, config, evaluation, timings)
     report = evaluate(catalogue, encoded, chunks, config, evaluation, tuned, timings)
     metrics = record_metrics(lake, run, report.metrics)
-    gate(metrics, run.settings)
+    gated = gate(metrics, report.recall, config)
     final = fit_final(catalogue, encoded, chunks, config, run.reference_time, tuned, report.scorer, timings)
     users, rows = write_candidates(lake, run, final)
     version = publish_ranker(lake, run, final, report.scorer, report.chosen)
@@ -119,6 +123,8 @@ def build_candidates(run: RunRef, validated: Validated, scored: Scored) -> Candi
         ranker_kind=report.chosen,
         ranker_version=version,
         quality=method_quality(metrics),
+        gate=gated,
+        fallback=tuned.fallback,
     )
 
 
@@ -172,12 +178,14 @@ def record_metrics(lake: Lake, run: RunRef, metrics: pl.DataFrame) -> pl.DataFra
     return table
 
 
-def gate(metrics: pl.DataFrame, settings: Settings) -> None:
-    """Fail the run (ContractViolation, exit 3, nothing published) when the fused candidates lose to popularity."""
+def gate(metrics: pl.DataFrame, recall: dict[str, np.ndarray], config: CandidateConfig) -> str:
+    """Return the gate's outcome; fail the run (ContractViolation, exit 3, nothing published) on worse-with-confidence."""
     try:
-        check_gate(metrics, settings.candidates.gate_recall_margin, settings.candidates.gate_min_cold_recall)
+        outcome = check_gate(metrics, recall, config.gate)
     except ContractViolation as exc:
         raise ContractViolation(f"{exc} (retrieval_metrics of the run hold every method's figures)") from exc
+    log.info("candidate gate %s", outcome)
+    return outcome
 
 
 def write_candidates(lake: Lake, run: RunRef, final: Final) -> tuple[int, int]:
@@ -223,7 +231,7 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
     """Write the ranker to the lake (content-addressed) and the run's serving.json; return the ranker version."""
     version = publish_scorer(lake, *scorer_to_bytes(scorer, {"trained_on": run.run_id})) if scorer is not None else None
     names = tuple(scorer.feature_names) if scorer is not None else ()
-    trending = trending_scores(final.history, final.config.popularity.trend_half_life_days)
+    trending = robust_trending(final.history, final.config.popularity)  # served to users the run has not seen
     top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
     lake.write_json(
         {
@@ -234,12 +242,19 @@ def publish_ranker(lake: Lake, run: RunRef, final: Final, scorer: Scorer | None,
             "feature_set": feature_set_id(names) if names else None,
             "fallback_items": final.catalogue.item_ids.gather(top).to_list(),
             "fallback_scores": [float(v) for v in trending[top]],
-            "computed_at": run.reference_time.isoformat(),
+            "computed_at": interactions_cutoff(final),
             "neighbours": publish_run_neighbours(lake, run, final),
         },
         run.path("serving.json"),
     )  # events after it are new
     return version
+
+
+def interactions_cutoff(final: Final) -> str | None:
+    """Return the time of the latest interaction the run read (ISO 8601 UTC; None: it read none): events after it are new."""
+    if len(final.history.ts_us) == 0:
+        return None
+    return datetime.fromtimestamp(int(final.history.ts_us.max()) / 1_000_000, UTC).isoformat()
 
 
 def publish_run_neighbours(lake: Lake, run: RunRef, final: Final) -> str | None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from core.errors import UsageError
-from core.records import RunRef
+from core.records import RunRef, TrainedRanker
 from core.settings import current_settings
 from models.recommender.candidate_stage import evaluate, tune
 from models.recommender.evaluation import time_split
@@ -23,17 +22,6 @@ from tasks.candidates import candidate_config, catalogue_items, item_chunks
 from tasks.start import run_ref, saved_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainedRanker:
-    """A trained, versioned ranker in the lake and its offline metrics."""
-
-    version: str
-    uri: str
-    trained_on: str
-    metrics: dict[str, float]
-    seconds: float
 
 
 @task(name="published-run", cache_policy=NO_CACHE)
@@ -80,4 +68,5 @@ def train(run: RunRef) -> TrainedRanker:
         if row["method"].startswith("ranked") and row["value"] == row["value"]
     }
     log.info("ranker %s (%s) trained on %s: %s", version, report.chosen, run.run_id, metrics)
-    return TrainedRanker(version, ranker_folder(lake, version), run.run_id, metrics, time.perf_counter() - started)
+    previous = serving.get("ranker_version")
+    return TrainedRanker(version, ranker_folder(lake, version), run.run_id, metrics, time.perf_counter() - started, previous)

@@ -8,16 +8,18 @@ Order (what the candidates task calls; see /work/notes/candidates-integration.md
        new-item quota tuned on the validation held-out part; the first stage (LightGBM LambdaRank over
        every union entry's candidate_features) trained on it; both stage-two kinds trained on the K
        candidates the first stage keeps
+       when a source's list beats the fused one on validation with confidence (fallback_source), that
+       source's list is what the stage selects from then on (tuned.fallback names it)
 4. report = evaluate(catalogue, log, items, config, evaluation, tuned)
        sources fitted on evaluation.train; retrieval_metrics rows for every list, popularity, fused_rrf,
-       fused (the first stage's K: what is published) and the ranked lists; the better stage-two kind on
-       NDCG@10, refitted on this split's rows
-5. check_gate(report.metrics, ...)                                        (models.recommender.evaluation)
+       fused (the first stage's K: what is published) and the ranked lists, and every list's per-user
+       recall@K; the better stage-two kind on NDCG@10, refitted on this split's rows
+5. check_gate(report.metrics, report.recall, config.gate)                (models.recommender.evaluation)
 6. final = fit_final(catalogue, log, items, config, now, tuned, report.scorer)
    for chunk in candidate_chunks(final): write chunk.frame, publish chunk.payloads(...)
 The candidates and their feature rows come from one function, first_stage_candidates (whole union ->
-candidate_features -> first-stage score -> top K with the new-item quota), in tuning, evaluation and
-publishing alike.
+candidate_features -> first-stage score -> top K with the new-item quota -> topped up to K from the fill
+order when the lists run short), in tuning, evaluation and publishing alike.
 Users are processed in chunks of ``user_chunk`` everywhere; evaluation and tuning use at most
 ``max_eval_users`` / ``max_tune_users`` users (a seeded sample) so their cost does not grow with the users.
 """
@@ -35,8 +37,25 @@ import polars as pl
 import torch
 
 from core.settings import SOURCE_NAMES, CandidateSettings
-from models.recommender.evaluation import Split, metric_rows, metrics_of, time_split
-from models.recommender.fusion import Fused, FusionParams, TuningGrid, select_slots, tune_fusion, whole_union
+from models.recommender.evaluation import (
+    GateRule,
+    Split,
+    fallback_source,
+    metric_rows,
+    metrics_of,
+    time_split,
+    user_recall,
+)
+from models.recommender.fusion import (
+    Fused,
+    FusionParams,
+    TuningGrid,
+    select_slots,
+    source_only,
+    top_up,
+    tune_fusion,
+    whole_union,
+)
 from models.recommender.ranker_features import FeatureContext, candidate_features, feature_context, feature_names
 from models.recommender.ranker_models import Scorer
 from models.recommender.ranker_training import RankerParams, choose_scorer, labelled_rows, rerank, train_lambdarank, train_mlp
@@ -45,7 +64,14 @@ from models.recommender.sources.als import AlsParams, fit_als
 from models.recommender.sources.base import Catalogue, EncodedLog, History, Lists, Source, history_of, item_counts
 from models.recommender.sources.content import fit_content
 from models.recommender.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence
-from models.recommender.sources.popularity import PopularityParams, fit_most_popular, fit_topic_trending, fit_trending
+from models.recommender.sources.popularity import (
+    FILL,
+    PopularityParams,
+    fit_fill,
+    fit_most_popular,
+    fit_topic_trending,
+    fit_trending,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +100,7 @@ class CandidateConfig:
     max_tune_users: int = _DEFAULTS.max_tune_users
     first_stage_check_share: float = 0.3
     max_eval_users: int = _DEFAULTS.max_eval_users
+    gate: GateRule = GateRule()
     device: str = "cpu"
     seed: int = _DEFAULTS.seed
 
@@ -102,7 +129,13 @@ class CandidateConfig:
                 iterations=options.als_iterations,
                 seed=options.seed,
             ),
-            popularity=PopularityParams(options.trend_half_life_days, options.topic_smoothing),
+            popularity=PopularityParams(
+                options.trend_half_life_days,
+                options.topic_smoothing,
+                options.trend_min_users,
+                options.trend_user_cap,
+                options.trend_new_user_days,
+            ),
             grid=TuningGrid(new_quota=tuple(options.fusion_quota_grid), cold_target=options.fusion_cold_target),
             ranker=RankerParams(
                 rounds=options.ranker_rounds,
@@ -114,6 +147,7 @@ class CandidateConfig:
             max_tune_users=options.max_tune_users,
             max_eval_users=options.max_eval_users,
             max_new_items=options.max_new_items,
+            gate=GateRule.from_settings(options),
             device=device,
             seed=options.seed,
         )
@@ -196,6 +230,7 @@ class Tuned:
     first_stage: Scorer | None
     scorers: dict[str, Scorer]
     validation_users: int
+    fallback: str | None = None  # the source whose list is published instead of the fused one
 
 
 def union_features(
@@ -221,6 +256,14 @@ def choose_candidates(
     return union.take(slots, scores), rows
 
 
+def topped_up(
+    fused: Fused, features: np.ndarray, fill: Lists, users: np.ndarray, context: FeatureContext
+) -> tuple[Fused, np.ndarray]:
+    """Return the candidates with short lists filled to K from the fill list, and their feature rows."""
+    full = top_up(fused, fill)
+    return (fused, features) if full is fused else (full, candidate_features(full, users, context))
+
+
 def first_stage_candidates(
     lists: Mapping[str, Lists],
     fusion: FusionParams,
@@ -228,10 +271,11 @@ def first_stage_candidates(
     context: FeatureContext,
     users: np.ndarray,
     is_new: np.ndarray,
+    fill: Lists,
 ) -> tuple[Fused, np.ndarray]:
     """Return the published candidates of the users and their feature rows: ONE path for training and serving."""
     union, features = union_features(lists, fusion, context, users)
-    return choose_candidates(union, features, first_stage, is_new, fusion)
+    return topped_up(*choose_candidates(union, features, first_stage, is_new, fusion), fill, users, context)
 
 
 def _context(history: History, catalogue: Catalogue, config: CandidateConfig) -> FeatureContext:
@@ -296,11 +340,16 @@ def tune(
     validation = sample_split(time_split(log_, config.holdout_share, within=evaluation.train), config.max_tune_users, config.seed)
     history = _history(log_, catalogue, validation.train, as_datetime(validation.cutoff_us), config)
     lists = source_lists(fit_sources(history, catalogue, items, config, timings), validation.users, config.per_source, timings)
-    started, is_new = time.perf_counter(), item_counts(history) == 0
+    started, is_new, context = time.perf_counter(), item_counts(history) == 0, _context(history, catalogue, config)
+    fill = fit_fill(history, config.popularity).recommend(validation.users, config.k)[FILL]
     fusion, metrics = tune_fusion(lists, validation, is_new, catalogue.n_items, config.k, config.grid)
-    union, features = union_features(lists, fusion, _context(history, catalogue, config), validation.users)
+    union, features = union_features(lists, fusion, context, validation.users)
     first = _first_stage(union, features, validation, is_new, fusion, config)
-    fused, fused_features = choose_candidates(union, features, first, is_new, fusion)
+    fused, fused_features = topped_up(*choose_candidates(union, features, first, is_new, fusion), fill, validation.users, context)
+    fallback = _fallback(lists, fused, validation, catalogue.n_items, config)
+    if fallback is not None:
+        fusion, first = source_only(fusion, fallback), None
+        fused, fused_features = first_stage_candidates(lists, fusion, None, context, validation.users, is_new, fill)
     rows = labelled_rows(fused.rows, validation.users, fused_features, validation)
     names = feature_names(fused.names)
     scorers: dict[str, Scorer] = (
@@ -310,16 +359,32 @@ def tune(
     )
     if timings:
         timings.add("tuning", started)
-    return Tuned(fusion, metrics, first, scorers, len(validation.users))
+    return Tuned(fusion, metrics, first, scorers, len(validation.users), fallback)
+
+
+def _fallback(lists: Mapping[str, Lists], fused: Fused, validation: Split, n_items: int, config: CandidateConfig) -> str | None:
+    """Return the source whose validation recall@K beats the fused list's with confidence (None: ship the fusion)."""
+    recall = {name: user_recall(got.rows, validation, n_items, config.k) for name, got in lists.items()}
+    name, gap = fallback_source(user_recall(fused.rows, validation, n_items, config.k), recall, config.gate)
+    if name is not None and gap is not None:
+        log.warning(
+            "the fused list loses to %s on validation (fused - %s recall@K %s): publishing %s's list instead",
+            name,
+            name,
+            gap.text(config.gate.confidence),
+            name,
+        )
+    return name
 
 
 @dataclass(frozen=True)
 class Report:
-    """The held-out evaluation: retrieval_metrics rows, the chosen ranker kind and the scorer to publish."""
+    """The held-out evaluation: retrieval_metrics rows, the chosen ranker kind, the scorer to publish, per-user recall."""
 
     metrics: pl.DataFrame
     chosen: str
     scorer: Scorer | None
+    recall: dict[str, np.ndarray] = field(default_factory=dict)  # method -> recall@K of each held-out user
 
 
 def _split_rows(split: Split) -> pl.DataFrame:
@@ -352,26 +417,25 @@ def evaluate(
     split = sample_split(evaluation, config.max_eval_users, config.seed)
     history = _history(log_, catalogue, split.train, as_datetime(split.cutoff_us), config)
     lists = source_lists(fit_sources(history, catalogue, items, config, timings), split.users, config.per_source, timings)
-    popular = fit_most_popular(history).recommend(split.users, config.k)["popularity"]
-    frames = [metric_rows(name, metrics_of(lists[name].rows, split, catalogue.n_items, config.k)) for name in sorted(lists)]
-    frames.append(metric_rows("popularity", metrics_of(popular.rows, split, catalogue.n_items, config.k)))
-    is_new = item_counts(history) == 0
-    union, features = union_features(lists, tuned.fusion, _context(history, catalogue, config), split.users)
+    is_new, context = item_counts(history) == 0, _context(history, catalogue, config)
+    fill = fit_fill(history, config.popularity).recommend(split.users, config.k)[FILL]
+    union, features = union_features(lists, tuned.fusion, context, split.users)
     rrf, _ = choose_candidates(union, features, None, is_new, tuned.fusion)
-    fused, fused_features = choose_candidates(union, features, tuned.first_stage, is_new, tuned.fusion)
-    frames += [
-        metric_rows("fused_rrf", metrics_of(rrf.rows, split, catalogue.n_items, config.k)),
-        metric_rows("fused", metrics_of(fused.rows, split, catalogue.n_items, config.k)),
-    ]
-    ranked = {
-        kind: metrics_of(rerank(fused.rows, fused_features, scorer), split, catalogue.n_items, config.k)
-        for kind, scorer in sorted(tuned.scorers.items())
-    }
-    frames += [metric_rows(f"ranked_{kind}", metrics) for kind, metrics in ranked.items()]
+    fused, fused_features = topped_up(
+        *choose_candidates(union, features, tuned.first_stage, is_new, tuned.fusion), fill, split.users, context
+    )
+    methods = {name: lists[name].rows for name in sorted(lists)}
+    methods["popularity"] = fit_most_popular(history).recommend(split.users, config.k)["popularity"].rows
+    methods |= {"fused_rrf": top_up(rrf, fill).rows, "fused": fused.rows}
+    methods |= {f"ranked_{kind}": rerank(fused.rows, fused_features, scorer) for kind, scorer in sorted(tuned.scorers.items())}
+    measured = {name: metrics_of(rows, split, catalogue.n_items, config.k) for name, rows in methods.items()}
+    ranked = {name.removeprefix("ranked_"): m for name, m in measured.items() if name.startswith("ranked_")}
     chosen, refit = _refit(ranked, fused, fused_features, split, config)
     if chosen:
-        frames.append(metric_rows("ranked", ranked[chosen]))
-    return Report(pl.concat([*frames, _split_rows(split)]), chosen or "none", refit)
+        measured["ranked"], methods["ranked"] = ranked[chosen], methods[f"ranked_{chosen}"]
+    frames = [metric_rows(name, m) for name, m in measured.items()]
+    recall = {name: user_recall(rows, split, catalogue.n_items, config.k) for name, rows in methods.items()}
+    return Report(pl.concat([*frames, _split_rows(split)]), chosen or "none", refit, recall)
 
 
 def _refit(
@@ -400,6 +464,7 @@ class Final:
     context: FeatureContext
     scorer: Scorer | None
     config: CandidateConfig
+    fill: Source  # every item by trending, then catalogue order: tops up short lists
 
 
 def fit_final(
@@ -415,9 +480,9 @@ def fit_final(
     """Return the sources fitted on all of the run's interactions, as of now, with the tuned fusion and models."""
     history = _history(log_, catalogue, None, now, config)
     sources = fit_sources(history, catalogue, items, config, timings)
-    return Final(
-        sources, tuned.fusion, tuned.first_stage, history, catalogue, _context(history, catalogue, config), scorer, config
-    )
+    context = _context(history, catalogue, config)
+    fill = fit_fill(history, config.popularity)
+    return Final(sources, tuned.fusion, tuned.first_stage, history, catalogue, context, scorer, config, fill)
 
 
 @dataclass(frozen=True)
@@ -450,7 +515,8 @@ def candidates_frame(fused: Fused, users: np.ndarray, catalogue: Catalogue) -> p
         "item_id": catalogue.item_ids.gather(fused.rows[local, slot]),
         "score": fused.scores[local, slot].astype(np.float64),
         "rrf_score": fused.rrf[local, slot].astype(np.float64),
-        "sources": pl.Series([names[p].tolist() for p in present], dtype=pl.List(pl.String)),
+        # a candidate no list holds topped up a short list
+        "sources": pl.Series([names[p].tolist() or [FILL] for p in present], dtype=pl.List(pl.String)),
     }
     for s, name in enumerate(fused.names):
         columns[f"rank_{name}"] = pl.Series(np.where(present[:, s], ranks[:, s], 0)).replace(0, None).cast(pl.Int32)
@@ -466,7 +532,8 @@ def candidate_chunks(final: Final, users: np.ndarray | None = None, timings: Tim
         part = users[start : start + final.config.user_chunk]
         lists = source_lists(final.sources, part, final.config.per_source, timings)
         started = time.perf_counter()
-        fused, features = first_stage_candidates(lists, final.fusion, final.first_stage, final.context, part, is_new)
+        fill = final.fill.recommend(part, final.config.k)[FILL]
+        fused, features = first_stage_candidates(lists, final.fusion, final.first_stage, final.context, part, is_new, fill)
         frame = candidates_frame(fused, part, final.catalogue)
         if timings:
             timings.add("fusion", started)

@@ -16,6 +16,13 @@ Metrics of a list of K items per user (metrics_of):
     cold_recall@K (user, item) relevant pairs whose item has no training interaction that are in the
                   user's top K, over all such pairs (micro average: most users have none); NaN if none
     coverage@K    distinct items in the evaluated users' top K / catalogue items
+
+The gate and the fallback compare two lists on the same users (a paired bootstrap of the per-user recall@K
+difference, seeded): a run fails only when the published list is worse than popularity (+ margin) with
+confidence, i.e. the one-sided upper bound of (published - popularity) is below the margin; below
+``min_users`` evaluated users nothing is gated ("not enough data to gate"), and the cold-item floor is only
+checked with at least ``min_cold_pairs`` cold pairs. The same comparison on the validation split tells the
+candidate stage when a source beats its own fusion (fallback_source).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from core.errors import ContractViolation
+from core.settings import CandidateSettings
 from models.recommender.retrieval_quality import NDCG_K, hit_matrix, ndcg_at_k
 from models.recommender.sources.base import EncodedLog
 
@@ -77,13 +85,20 @@ def time_split(log: EncodedLog, holdout_share: float, within: np.ndarray | None 
     )
 
 
+def user_recall(rows: np.ndarray, split: Split, n_items: int, k: int) -> np.ndarray:
+    """Return each evaluated user's recall@K (aligned with split.users) of per-user lists (best first, -1 empty)."""
+    local = np.searchsorted(split.users, split.relevant_users)
+    hits = hit_matrix(rows[:, :k].astype(np.int64), local, split.relevant_items, n_items)
+    return hits.sum(axis=1) / np.maximum(np.bincount(local, minlength=len(split.users)), 1)
+
+
 def metrics_of(rows: np.ndarray, split: Split, n_items: int, k: int) -> dict[str, float]:
     """Return the METRICS of per-user lists (rows aligned with split.users, best first, -1 empty)."""
     local = np.searchsorted(split.users, split.relevant_users)
     top = rows[:, :k].astype(np.int64)
     hits = hit_matrix(top, local, split.relevant_items, n_items)
     n_relevant = np.bincount(local, minlength=len(split.users))
-    recall = float((hits.sum(axis=1) / np.maximum(n_relevant, 1)).mean()) if len(split.users) else math.nan
+    recall = float((hits.sum(axis=1) / np.maximum(n_relevant, 1)).mean()) if len(split.users) else math.nan  # = user_recall
     ndcg = float(ndcg_at_k(hits, np.maximum(n_relevant, 1), NDCG_K).mean()) if len(split.users) else math.nan
     return {
         "recall_at_k": recall,
@@ -116,19 +131,122 @@ def metric_value(table: pl.DataFrame, method: str, metric: str) -> float:
     return float(row.get_column("value")[0]) if row.height else math.nan
 
 
-def check_gate(
-    table: pl.DataFrame, recall_margin: float, min_cold_recall: float, fused: str = "fused", baseline: str = "popularity"
-) -> None:
-    """Raise ContractViolation when the fused recall@K < popularity's + margin, or its cold recall < the minimum.
+_DEFAULTS = CandidateSettings()
+NOT_ENOUGH_DATA = "not enough data to gate"
 
-    A NaN cold recall (no held-out item without training interactions) does not fail the gate: there is
-    nothing to measure. A NaN recall (nobody to evaluate) fails it: the run cannot show its quality.
-    """
-    recall, popular = metric_value(table, fused, "recall_at_k"), metric_value(table, baseline, "recall_at_k")
-    if not (recall >= popular + recall_margin):
-        raise ContractViolation(
-            f"candidate gate: fused recall@K {recall:.4f} is below popularity's {popular:.4f} + margin {recall_margin:.4f}"
+
+@dataclass(frozen=True)
+class GateRule:
+    """When the gate fails a run and the stage falls back to a source (CandidateSettings' gate_* fields)."""
+
+    recall_margin: float = _DEFAULTS.gate_recall_margin
+    min_cold_recall: float = _DEFAULTS.gate_min_cold_recall
+    min_users: int = _DEFAULTS.gate_min_users
+    min_cold_pairs: int = _DEFAULTS.gate_min_cold_pairs
+    rounds: int = _DEFAULTS.gate_bootstrap_rounds
+    confidence: float = _DEFAULTS.gate_confidence
+    seed: int = _DEFAULTS.seed
+
+    @classmethod
+    def from_settings(cls, options: CandidateSettings) -> GateRule:
+        """Return the gate's rule from the candidate settings."""
+        return cls(
+            options.gate_recall_margin,
+            options.gate_min_cold_recall,
+            options.gate_min_users,
+            options.gate_min_cold_pairs,
+            options.gate_bootstrap_rounds,
+            options.gate_confidence,
+            options.seed,
         )
-    cold = metric_value(table, fused, "cold_recall_at_k")
-    if not math.isnan(cold) and cold < min_cold_recall:
-        raise ContractViolation(f"candidate gate: fused cold-item recall@K {cold:.4f} is below the minimum {min_cold_recall:.4f}")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A paired comparison of two lists on the same users: mean per-user recall@K difference and its one-sided bounds."""
+
+    users: int
+    mean: float
+    low: float
+    high: float
+
+    def text(self, confidence: float) -> str:
+        """Return the gap as one phrase: mean, interval and users."""
+        return f"{self.mean:+.4f} ({confidence:.0%} bounds {self.low:+.4f}..{self.high:+.4f}, {self.users} users)"
+
+
+_BOOTSTRAP_BLOCK = 4_000_000  # resampled indices held at once (rounds x users), ~32 MB
+
+
+def paired_gap(a: np.ndarray, b: np.ndarray, rounds: int, confidence: float, seed: int) -> Gap:
+    """Return the mean of a - b (per-user values, same users) with its one-sided bootstrap bounds at confidence.
+
+    low is the (1 - confidence) quantile of the resampled means, high the confidence quantile.
+    """
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if len(diff) == 0:
+        return Gap(0, math.nan, math.nan, math.nan)
+    rng, means = np.random.default_rng(seed), []
+    block = max(1, _BOOTSTRAP_BLOCK // len(diff))
+    for start in range(0, rounds, block):
+        picks = rng.integers(0, len(diff), size=(min(block, rounds - start), len(diff)))
+        means.append(diff[picks].mean(axis=1))
+    resampled = np.concatenate(means)
+    low, high = np.quantile(resampled, [1.0 - confidence, confidence])
+    return Gap(len(diff), float(diff.mean()), float(low), float(high))
+
+
+def fallback_source(fused: np.ndarray, sources: Mapping[str, np.ndarray], rule: GateRule) -> tuple[str | None, Gap | None]:
+    """Return the source whose per-user recall@K beats the fused list's with confidence (the best such), and its gap.
+
+    None when no source does, or with fewer than rule.min_users users (too few to tell).
+    """
+    if len(fused) < rule.min_users:
+        return None, None
+    gaps = {name: paired_gap(fused, recall, rule.rounds, rule.confidence, rule.seed) for name, recall in sorted(sources.items())}
+    losing = [name for name, gap in gaps.items() if gap.high < 0.0]
+    if not losing:
+        return None, None
+    best = max(losing, key=lambda name: (float(sources[name].mean()), name))
+    return best, gaps[best]
+
+
+def check_gate(
+    table: pl.DataFrame,
+    recall: Mapping[str, np.ndarray],
+    rule: GateRule,
+    fused: str = "fused",
+    baseline: str = "popularity",
+) -> str:
+    """Return the gate's outcome as one line; raise ContractViolation when the fused list is worse with confidence.
+
+    Args:
+        table: retrieval_metrics rows (the fused cold recall and the split's cold_pairs are read from it).
+        recall: per-user recall@K of the held-out users by method (fused and baseline, same users).
+        rule: the margin, floors, minimum counts and the bootstrap's rounds, confidence and seed.
+    """
+    users = len(recall.get(fused, ()))
+    if users < rule.min_users:
+        return f"{NOT_ENOUGH_DATA}: {users} held-out users (fewer than {rule.min_users})"
+    gap = paired_gap(recall[fused], recall[baseline], rule.rounds, rule.confidence, rule.seed)
+    if not gap.high >= rule.recall_margin:
+        raise ContractViolation(
+            f"candidate gate: fused recall@K {metric_value(table, fused, 'recall_at_k'):.4f} is below popularity's "
+            f"{metric_value(table, baseline, 'recall_at_k'):.4f} + margin {rule.recall_margin:.4f} with confidence: "
+            f"fused - popularity {gap.text(rule.confidence)}"
+        )
+    return f"passed: fused - popularity recall@K {gap.text(rule.confidence)}{_cold_gate(table, fused, rule)}"
+
+
+def _cold_gate(table: pl.DataFrame, fused: str, rule: GateRule) -> str:
+    """Return the cold-recall floor's note (empty when checked and met); raise ContractViolation when it is not met."""
+    cold, pairs = metric_value(table, fused, "cold_recall_at_k"), metric_value(table, "split", "cold_pairs")
+    if rule.min_cold_recall <= 0.0:
+        return ""
+    if math.isnan(cold) or not pairs >= rule.min_cold_pairs:
+        return f"; cold recall not gated ({0 if math.isnan(pairs) else int(pairs)} cold pairs, fewer than {rule.min_cold_pairs})"
+    if cold < rule.min_cold_recall:
+        raise ContractViolation(
+            f"candidate gate: fused cold-item recall@K {cold:.4f} is below the minimum {rule.min_cold_recall:.4f}"
+        )
+    return ""

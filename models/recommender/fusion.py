@@ -5,6 +5,8 @@ For a user and an item in the union of every list's top N:
 The user's K candidates are first the best ``round(new_quota x K)`` new items (no interaction in the
 History) by fused score, when there are that many, then the best of the rest; they are ordered by fused
 score (ties: lower item row). Items whose fused score is 0 (only lists of weight 0) are dropped.
+A user whose lists hold fewer than K unseen items is topped up (top_up) with the best remaining unseen items
+of a fill list (trending, then catalogue order): no source ranks them, their score sits below the user's others.
 
 Tuning (tune_fusion) uses a validation split carved out of the training part: coordinate ascent over
 each list's weight and rrf_k maximising recall@K (the lists that feed the quota, content_new, never get
@@ -184,6 +186,38 @@ def whole_union(lists: Mapping[str, Lists], params: FusionParams) -> Fused:
     chosen, rank = _choose(union, rrf_scores(union, kept), 0, width, np.zeros(1 + int(union.items.max(initial=0)), bool))
     slot = _within_user(np.ones(len(chosen), dtype=bool), union.users[chosen], union.n_users)
     out = _fused_arrays(union, chosen, slot, rrf_scores(union, params), rank, max(width, 1))
+    return out
+
+
+def source_only(params: FusionParams, name: str) -> FusionParams:
+    """Return params whose selection is one list's items in its order (every other list at weight 0, no quota)."""
+    return replace(params, weights={n: 1.0 if n == name else 0.0 for n in {*params.weights, name}}, new_quota=0.0)
+
+
+def top_up(fused: Fused, fill: Lists) -> Fused:
+    """Return the candidates with each user's empty slots filled from the fill list (its items not already there, in order).
+
+    A filled slot is held by no list (ranks 0, source scores NaN, RRF 0); its score is below the user's others
+    (the lower of 0 and the user's lowest score, minus 1, 2, ...) so that rank order and score order agree.
+    """
+    rows = fused.rows.astype(np.int64)
+    width = rows.shape[1]
+    n_items = int(max(rows.max(initial=0), fill.rows.max(initial=0))) + 1
+    user = np.arange(len(rows), dtype=np.int64)[:, None]
+    fresh = (fill.rows >= 0) & ~np.isin(user * n_items + fill.rows, (user * n_items + rows)[rows >= 0])
+    have = (rows >= 0).sum(axis=1, keepdims=True)
+    slot = have + np.cumsum(fresh, axis=1) - 1
+    take = fresh & (slot < width)
+    if not take.any():
+        return fused
+    u, j = np.nonzero(take)
+    s = slot[take]
+    finite = np.where(np.isfinite(fused.scores) & (fused.rows >= 0), fused.scores, np.inf).min(axis=1)
+    base = np.minimum(np.where(np.isfinite(finite), finite, 0.0), 0.0)
+    out = replace(fused, rows=fused.rows.copy(), scores=fused.scores.copy(), rrf=fused.rrf.copy(), rrf_rank=fused.rrf_rank.copy())
+    out.rows[u, s] = fill.rows[u, j]
+    out.scores[u, s] = base[u] - (s - have[u, 0] + 1)
+    out.rrf[u, s], out.rrf_rank[u, s] = 0.0, 0
     return out
 
 

@@ -45,7 +45,8 @@ def fit_net(x: np.ndarray, y: np.ndarray, config: TrainConfig) -> RankerNet:
     features, labels = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.float32))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        net = RankerNet(x.shape[1], config.hidden, features.mean(0), features.std(0).clamp(min=1e-6))
+        spread = features.std(0) if len(x) > 1 else torch.zeros(x.shape[1])  # one row has no spread (not NaN)
+        net = RankerNet(x.shape[1], config.hidden, features.mean(0), spread.clamp(min=1e-6))
     optimiser = torch.optim.Adam(net.parameters(), lr=config.learning_rate)
     loss_fn, order_rng = torch.nn.BCEWithLogitsLoss(), np.random.default_rng(config.seed)
     for _ in range(config.epochs):

@@ -83,6 +83,9 @@ RUN_COLUMNS: dict[str, str] = {
     "cold_recall_at_k": "double",
     "ranker_kind": "text",
     "ranker_version": "text",
+    # the candidate gate's outcome and the source published instead of the fused list (issue 33)
+    "candidate_gate": "text",
+    "candidate_fallback": "text",
 }
 
 # Candidate sources whose rank and score each user_candidates row carries (null: the source did not list the item).

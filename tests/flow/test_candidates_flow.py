@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import polars as pl
 import pytest
 
 from core.errors import ContractViolation
@@ -11,6 +14,8 @@ from core.records import Published
 from core.settings import load_settings
 from flows.nightly import nightly
 from flows.params import NightlyParams
+from models.recommender import candidate_stage
+from models.recommender.fusion import FusionParams, select_slots, source_only
 from nightscore.output import summary_text
 from storage.artifacts import read_neighbours, read_scorer_bytes, read_serving
 from storage.candidate_payload import decode_entry
@@ -76,6 +81,7 @@ def test_fused_candidates_below_popularity_fail_the_run_and_publish_nothing(
     folder = demo_inputs(tmp_path / "in", items=300, users=80, seed=4)
     first = run(folder, "2026-11-29")
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN", "1.0")  # no fused list beats popularity by 1.0
+    monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_MIN_USERS", "20")  # this log's 31 held-out users are enough to gate
     with pytest.raises(ContractViolation, match=r"candidate gate: fused recall@K [0-9.]+ is below popularity's [0-9.]+"):
         run(folder, "2026-11-30")
     warehouse = warehouse_for(load_settings())
@@ -93,6 +99,107 @@ def test_fused_candidates_below_popularity_fail_the_run_and_publish_nothing(
 def test_cold_recall_under_its_floor_fails_the_run(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_MIN_COLD_RECALL", "1.0")
     monkeypatch.setenv("NIGHTSCORE_CANDIDATE_SOURCES", '["cooccurrence", "trending"]')  # nothing reaches a new item
+    monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_MIN_USERS", "1")  # gate this small log: the floor is what is tested
+    monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN", "-1")  # and the floor alone
+    monkeypatch.setenv("NIGHTSCORE_CANDIDATE_GATE_MIN_COLD_PAIRS", "1")
     folder = demo_inputs(tmp_path / "in", items=300, users=80, seed=6)
     with pytest.raises(ContractViolation, match=r"cold-item recall@K 0\.0000 is below the minimum 1\.0000"):
         run(folder, "2026-11-30")
+
+
+def small_catalogue(folder: Path, n_items: int, seed: int = 5) -> Path:
+    """Write demo inputs cut to the n_items most interacted items (and the interactions with them) into folder."""
+    demo = demo_inputs(folder, items=300, users=60, seed=seed)
+    interactions = pl.read_parquet(demo / "interactions.parquet")
+    kept = interactions.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False]).head(n_items)
+    items = pl.read_parquet(demo / "items.parquet").join(kept.select("item_id"), on="item_id", how="semi")
+    items.write_parquet(demo / "items.parquet")
+    interactions.join(kept.select("item_id"), on="item_id", how="semi").write_parquet(demo / "interactions.parquet")
+    return demo
+
+
+def owed(folder: Path, k: int) -> dict[str, int]:
+    """Return each user's min(K, catalogue items the user has not seen), from the input files."""
+    n_items = pl.read_parquet(folder / "items.parquet").height
+    seen = pl.read_parquet(folder / "interactions.parquet").group_by("user_id").agg(pl.col("item_id").n_unique())
+    return {user: min(k, n_items - n) for user, n in seen.iter_rows()}
+
+
+@pytest.mark.parametrize("n_items", [1, 20, 21])  # 1, K and K + 1 items (the tiny tier's K is 20)
+def test_a_catalogue_of_about_k_items_publishes_min_k_unseen_candidates_per_user(
+    tiny: Path, tmp_path: Path, n_items: int
+) -> None:
+    folder = small_catalogue(tmp_path / "in", n_items)
+    published = run(folder, "2026-11-30")
+    assert published.record.status == "published" and published.record.rows_scored == n_items
+    got = warehouse_for(load_settings()).query(
+        "SELECT user_id, count(*), count(DISTINCT item_id), max(rank) FROM latest_user_candidates GROUP BY user_id"
+    )
+    lists = {user: (n, distinct, top) for user, n, distinct, top in got.rows}
+    want = {user: n for user, n in owed(folder, 20).items() if n}
+    assert {user: n for user, (n, _, _) in lists.items()} == want
+    assert all(n == distinct == top for n, distinct, top in lists.values())
+    assert published.record.users_with_candidates == len(want)
+
+
+def test_a_run_without_interactions_publishes_item_scores_and_no_candidates(tiny: Path, tmp_path: Path) -> None:
+    folder = demo_inputs(tmp_path / "in", items=60, users=10, seed=1)
+    pl.read_parquet(folder / "interactions.parquet").clear().write_parquet(folder / "interactions.parquet")
+    published = run(folder, "2026-11-30")
+    assert published.record.status == "published" and published.record.rows_scored == 60
+    assert published.record.users_with_candidates == 0 and published.record.recall_at_k is None
+    warehouse = warehouse_for(load_settings())
+    assert warehouse.query("SELECT count(*) FROM latest_item_scores").rows[0][0] == 60
+    assert warehouse.query("SELECT count(*) FROM latest_user_candidates").rows[0][0] == 0
+    assert "not enough data to gate" in summary_text(published)
+
+
+def worst_first(rows: np.ndarray, scores: np.ndarray, is_new: np.ndarray, k: int, quota: float) -> np.ndarray:
+    """Return the slots of each user's k WORST union entries: a fusion broken on purpose."""
+    return select_slots(rows, np.where(rows >= 0, -scores, 0.0), is_new, k, 0.0)
+
+
+def test_a_broken_fusion_still_fails_the_default_gate(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(candidate_stage, "select_slots", worst_first)  # the fused and any fallback list alike
+    folder = demo_inputs(tmp_path / "in", items=400, users=300, seed=2)  # ~130 held-out users, fused well above popularity
+    with pytest.raises(
+        ContractViolation, match=r"fused recall@K [0-9.]+ is below popularity's [0-9.]+ \+ margin 0\.0000 with confidence"
+    ):
+        run(folder, "2026-11-30")
+    warehouse = warehouse_for(load_settings())
+    assert warehouse.latest_published() is None
+    assert warehouse.query("SELECT count(*) FROM user_candidates").rows[0][0] == 0
+
+
+def test_a_small_catalogue_with_a_noisy_gap_publishes(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 items, 120 users: fused recall@K below popularity's on ~66 held-out users, well inside the noise."""
+    published = run(demo_inputs(tmp_path / "in", items=300, users=120, seed=4), "2026-11-30")
+    record = published.record
+    assert record.status == "published" and record.recall_at_k is not None and record.popularity_recall_at_k is not None
+    assert record.recall_at_k < record.popularity_recall_at_k  # what failed such runs before
+    assert record.candidate_gate is not None and record.candidate_gate.startswith("passed: fused - popularity recall@K -")
+    assert f"candidate gate {record.candidate_gate}" in summary_text(published)
+    latest = warehouse_for(load_settings()).query("SELECT candidate_gate FROM scoring_runs WHERE run_id = ?", [published.run_id])
+    assert latest.rows[0][0] == record.candidate_gate
+
+
+def test_a_fusion_that_loses_to_a_source_on_validation_publishes_that_sources_list(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fusion broken on purpose: the content list alone (the tiny encoder's random vectors), no first stage."""
+    tuned_fusion = candidate_stage.tune_fusion
+
+    def content_only(*args: Any, **kwargs: Any) -> tuple[FusionParams, dict[str, float]]:
+        params, metrics = tuned_fusion(*args, **kwargs)
+        return source_only(params, "content"), metrics
+
+    monkeypatch.setattr(candidate_stage, "tune_fusion", content_only)
+    monkeypatch.setattr(candidate_stage, "_first_stage", lambda *args: None)
+    published = run(demo_inputs(tmp_path / "in", items=400, users=300, seed=2), "2026-11-30")
+    source = published.record.candidate_fallback
+    assert source in SOURCE_LISTS - {"content", "content_new"}
+    assert f"note: the fused list lost to {source} on the validation split" in summary_text(published)
+    warehouse = warehouse_for(load_settings())
+    ranks = warehouse.query(f"SELECT rank, rank_{source} FROM latest_user_candidates WHERE rank_{source} IS NOT NULL").rows
+    assert len(ranks) > 1000 and all(rank == own for rank, own in ranks)  # that source's list first, in its order
+    assert warehouse.query("SELECT candidate_fallback FROM latest_run").rows[0][0] == source

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from core.errors import ModelLoadError
-from models.recommender.candidate_stage import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
-from models.recommender.evaluation import check_gate, metric_value, time_split
+from core.errors import ContractViolation, ModelLoadError
+from models.recommender.candidate_stage import (
+    CandidateConfig,
+    Tuned,
+    candidate_chunks,
+    evaluate,
+    fit_final,
+    sample_split,
+    tune,
+)
+from models.recommender.evaluation import GateRule, check_gate, metric_value, time_split, user_recall
 from models.recommender.fusion import Fused, TuningGrid
 from models.recommender.ranker_features import candidate_features, feature_context, feature_names
 from models.recommender.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
@@ -36,6 +46,13 @@ def test_mlp_numpy_forward_equals_the_torch_module(rows: Rows) -> None:
     with torch.inference_mode():
         expected = net(torch.from_numpy(rows.x)).numpy()
     np.testing.assert_allclose(mlp_from_net(net, NAMES).predict(rows.x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_mlp_trained_on_a_single_row_scores_finite() -> None:
+    """A catalogue of a few items can leave one labelled candidate: its spread is 0, not NaN."""
+    net = fit_net(np.array([[0.5, 2.0]], np.float32), np.ones(1, np.float32), TrainConfig(hidden=4, epochs=2))
+    scores = mlp_from_net(net, ("a", "b")).predict(np.array([[0.5, 2.0], [1.0, -1.0]], np.float32))
+    assert np.isfinite(scores).all()
 
 
 @pytest.mark.parametrize("train", [train_lambdarank, train_mlp])
@@ -101,9 +118,37 @@ def test_fused_beats_popularity_on_held_out_demo_data(demo_stage: tuple[object, 
     assert metric_value(table, "ranked", "ndcg_at_10") > metric_value(table, "popularity", "ndcg_at_10")
     assert metric_value(table, "fused", "cold_recall_at_k") > 0.0
     assert metric_value(table, "split", "users_evaluated") > 150
-    check_gate(table, recall_margin=0.0, min_cold_recall=0.0)
-    with pytest.raises(Exception, match="below popularity"):
-        check_gate(table, recall_margin=1.0, min_cold_recall=0.0)  # a margin no list can reach
+    assert check_gate(table, report.recall, GateRule()).startswith("passed")  # type: ignore[attr-defined]
+    with pytest.raises(ContractViolation, match="below popularity"):
+        check_gate(table, report.recall, GateRule(recall_margin=1.0))  # type: ignore[attr-defined]  # a margin no list can reach
+
+
+def test_a_broken_fusion_on_a_catalogue_with_structure_fails_the_gate(demo_stage: tuple[object, ...]) -> None:
+    """Random lists in place of the fused ones, on the demo catalogue's 500 users: worse than popularity with confidence."""
+    catalogue, log, _, config, _, report = demo_stage
+    split = sample_split(time_split(log, config.holdout_share), config.max_eval_users, config.seed)  # type: ignore[arg-type, attr-defined]
+    rows = np.random.default_rng(0).integers(0, catalogue.n_items, (len(split.users), config.k))  # type: ignore[attr-defined]
+    broken = {"fused": user_recall(rows, split, catalogue.n_items, config.k), "popularity": report.recall["popularity"]}  # type: ignore[attr-defined]
+    assert len(broken["fused"]) == len(broken["popularity"]) >= GateRule().min_users
+    with pytest.raises(ContractViolation, match="with confidence"):
+        check_gate(report.metrics, broken, GateRule())  # type: ignore[attr-defined]
+
+
+def test_a_fusion_that_loses_to_a_source_on_validation_publishes_that_source(demo_stage: tuple[object, ...]) -> None:
+    """A quota of every slot for new items cripples the fused list: the stage ships the best source instead."""
+    catalogue, log, chunks, config, tuned, _ = demo_stage
+    assert isinstance(config, CandidateConfig) and isinstance(tuned, Tuned)
+    assert tuned.fallback is None  # the tuned fusion is kept when it holds its own
+    crippled = replace(config, grid=replace(config.grid, new_quota=(1.0,)))
+    evaluation = time_split(log, crippled.holdout_share)  # type: ignore[arg-type]  # the fixture's tuple is untyped
+    fell_back = tune(catalogue, log, chunks, crippled, evaluation)  # type: ignore[arg-type]
+    assert fell_back.fallback in {"als", "cooccurrence", "content", "trending", "topic_trending"}
+    assert fell_back.first_stage is None and fell_back.fusion.weights[fell_back.fallback] == 1.0
+    assert sum(fell_back.fusion.weights.values()) == 1.0 and fell_back.fusion.new_quota == 0.0
+    report = evaluate(catalogue, log, chunks, crippled, evaluation, fell_back)  # type: ignore[arg-type]
+    fused, source = (metric_value(report.metrics, m, "recall_at_k") for m in ("fused", fell_back.fallback))
+    assert fused >= source > metric_value(report.metrics, "content_new", "recall_at_k")
+    assert check_gate(report.metrics, report.recall, GateRule()).startswith("passed")
 
 
 def test_published_feature_rows_are_the_training_function_applied_to_the_published_candidates(

@@ -14,10 +14,18 @@ from models.recommender.sources.als import AlsParams, fit_als
 from models.recommender.sources.base import Catalogue, EncodedLog, History, Source, encode_run, history_of, user_item_matrix
 from models.recommender.sources.content import fit_content
 from models.recommender.sources.cooccurrence import CooccurrenceParams, fit_cooccurrence, user_sequences
-from models.recommender.sources.popularity import fit_most_popular, fit_topic_trending, fit_trending, trending_scores
+from models.recommender.sources.popularity import (
+    PopularityParams,
+    fit_most_popular,
+    fit_topic_trending,
+    fit_trending,
+    robust_trending,
+    trending_scores,
+)
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 WEIGHTS = {"view": 1.0, "click": 2.0, "purchase": 4.0}
+PLAIN = PopularityParams(trend_min_users=1, trend_user_cap=np.inf)  # plain decayed counts: the hand-checked cases
 
 
 def _frames(
@@ -156,6 +164,15 @@ def test_als_ranks_the_co_consumed_item_first_and_is_deterministic() -> None:
     np.testing.assert_array_equal(first.model.item_factors, second.model.item_factors)
 
 
+def test_als_asked_for_more_items_than_a_user_has_unseen_returns_only_unseen_ones() -> None:
+    """probe saw a and b; of six items, f has no interaction: only c, d and e may come back, then empty slots."""
+    catalogue, history = _block_case()
+    probe = np.array([catalogue.user_ids.to_list().index("probe")])
+    lists = fit_als(history, AlsParams(factors=4, iterations=10, seed=3, threads=1)).recommend(probe, 6)["als"]
+    assert sorted(_names(catalogue, lists.rows[0])) == ["c", "d", "e"]
+    assert (lists.rows[0, 3:] == -1).all() and np.isneginf(lists.scores[0, 3:]).all()
+
+
 def test_als_rejects_an_unknown_confidence() -> None:
     _, history = _block_case()
     with pytest.raises(ValueError, match="confidence"):
@@ -197,7 +214,7 @@ def test_trending_decays_with_age_and_skips_seen() -> None:
     )
     catalogue, _, history = _history(items, inter)
     np.testing.assert_allclose(trending_scores(history, 7.0)[:3], [4 * 0.125, 0.5, 1.0], rtol=1e-6)
-    lists = fit_trending(history).recommend(np.array([0, 2]), 3)["trending"]
+    lists = fit_trending(history, PLAIN).recommend(np.array([0, 2]), 3)["trending"]
     assert _names(catalogue, lists.rows[0]) == ["c", "a"]  # u1 saw b; a (0.5) ties b, comes after c
     assert _names(catalogue, lists.rows[1]) == ["b"]  # u3 saw c and a
     popular = fit_most_popular(history).recommend(np.array([2]), 3)["popularity"]
@@ -208,7 +225,7 @@ def test_topic_trending_follows_the_users_topics_and_skips_users_without_history
     co_case: tuple[Catalogue, EncodedLog, History],
 ) -> None:
     catalogue, _, history = co_case
-    source = fit_topic_trending(history, catalogue)
+    source = fit_topic_trending(history, catalogue, PLAIN)
     users = catalogue.user_ids.to_list()
     lists = source.recommend(np.array([users.index("u4"), users.index("u3"), users.index("u5")]), 3)["topic_trending"]
     assert _names(catalogue, lists.rows[0])[0] in {"a", "b"}
@@ -216,7 +233,35 @@ def test_topic_trending_follows_the_users_topics_and_skips_users_without_history
     assert u3[0] == "b" and "a" not in u3  # topic x first, a seen
     assert _names(catalogue, lists.rows[2]) == []
     # u4 (topic y only) has seen c and d, every y item with interactions: x items come, scaled by the smoothing
-    assert lists.scores[0, 0] < 0.1 * fit_trending(history).score.max()
+    assert lists.scores[0, 0] < 0.1 * fit_trending(history, PLAIN).score.max()
+
+
+def test_trending_needs_distinct_users_and_caps_each_users_weight() -> None:
+    """a: three users, one view each; b: one user, ten purchases; c: two users clicking; all today (users old: e)."""
+    rows = [(u, "a", "view", 0) for u in ("u1", "u2", "u3")] + [("u4", "b", "purchase", 0)] * 10
+    rows += [("u5", "c", "click", 0), ("u6", "c", "click", 0)]
+    rows += [(f"u{k}", "e", "view", 400) for k in range(1, 7)]  # every user's first interaction: long ago
+    catalogue, _, history = _history(*_frames(rows, ITEMS))
+    plain = trending_scores(history, 7.0)[:3]
+    np.testing.assert_allclose(plain, [3.0, 40.0, 4.0], rtol=1e-6)  # b would trend first on one user's repeats
+    capped = trending_scores(history, 7.0, min_users=1, user_cap=2.0)[:3]
+    np.testing.assert_allclose(capped, [3.0, 2.0, 4.0], rtol=1e-6)
+    robust = robust_trending(history, PopularityParams(trend_min_users=3, trend_user_cap=2.0))[:3]
+    np.testing.assert_allclose(robust, [3.0, 0.0, 0.0], rtol=1e-6)
+    lists = fit_trending(history, PopularityParams(trend_min_users=3, trend_user_cap=2.0)).recommend(np.array([3]), 3)
+    assert _names(catalogue, lists["trending"].rows[0]) == ["a"]  # b and c never trend
+
+
+def test_trending_counts_brand_new_users_in_proportion_to_their_tenure() -> None:
+    """a: three users of 10 days' standing view it today; b: three users whose first event is b, 6 hours ago."""
+    rows = [(u, "e", "view", 10.0) for u in ("u1", "u2", "u3")] + [(u, "a", "view", 0.0) for u in ("u1", "u2", "u3")]
+    rows += [(u, "b", "click", 0.25) for u in ("u4", "u5", "u6")]
+    _, _, history = _history(*_frames(rows, ITEMS))
+    params = PopularityParams(trend_min_users=3, trend_user_cap=2.0, trend_new_user_days=1.0)
+    scores = robust_trending(history, params)[:2]
+    np.testing.assert_allclose(scores, [3.0, 3 * 2.0 * 0.5 ** (0.25 / 7.0) * 0.25], rtol=1e-6)  # a quarter of a day
+    full = robust_trending(history, PopularityParams(trend_min_users=3, trend_user_cap=2.0, trend_new_user_days=0.0))[:2]
+    assert full[1] > full[0]  # without the tenure rule the new users' clicks would lead
 
 
 def test_seen_matrix_sums_repeated_interactions(co_case: tuple[Catalogue, EncodedLog, History]) -> None:

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
 import pytest
 
 from core.errors import ContractViolation
-from models.recommender.evaluation import Split, check_gate, metric_rows, metrics_of, time_split
-from models.recommender.fusion import Fused, FusionParams, TuningGrid, select, tune_fusion, union_of
+from models.recommender.evaluation import (
+    NOT_ENOUGH_DATA,
+    GateRule,
+    Split,
+    check_gate,
+    fallback_source,
+    metric_rows,
+    metrics_of,
+    paired_gap,
+    time_split,
+)
+from models.recommender.fusion import Fused, FusionParams, TuningGrid, select, source_only, top_up, tune_fusion, union_of
 from models.recommender.sources.base import EncodedLog, Lists
 
 
@@ -147,26 +158,82 @@ def test_metrics_by_hand() -> None:
     assert math.isnan(metrics_of(rows, _split([0], [(0, 2)]), 10, 3)["cold_recall_at_k"])
 
 
-def _table(fused: float, popular: float, cold: float) -> pl.DataFrame:
+RULE = GateRule(recall_margin=0.0, min_cold_recall=0.0, min_users=50, min_cold_pairs=20, rounds=1000, confidence=0.95, seed=0)
+
+
+def _table(fused: np.ndarray, popular: np.ndarray, cold: float = math.nan, cold_pairs: int = 0) -> pl.DataFrame:
+    """Return retrieval_metrics rows of two lists' per-user recall (their means) and the split's cold pairs."""
+    mean = {name: float(v.mean()) if len(v) else math.nan for name, v in (("fused", fused), ("popularity", popular))}
     return pl.concat(
         [
-            metric_rows("fused", {"recall_at_k": fused, "cold_recall_at_k": cold}),
-            metric_rows("popularity", {"recall_at_k": popular}),
+            metric_rows("fused", {"recall_at_k": mean["fused"], "cold_recall_at_k": cold}),
+            metric_rows("popularity", {"recall_at_k": mean["popularity"]}),
+            metric_rows("split", {"users_evaluated": len(fused), "cold_pairs": cold_pairs}),
         ]
     )
 
 
-def test_gate_passes_and_fails_naming_both_figures() -> None:
-    check_gate(_table(0.5, 0.4, 0.3), recall_margin=0.05, min_cold_recall=0.25)
-    check_gate(_table(0.5, 0.4, math.nan), recall_margin=0.0, min_cold_recall=0.25)  # nothing cold to measure
-    with pytest.raises(ContractViolation, match=r"0\.3000.*0\.4000"):
-        check_gate(_table(0.3, 0.4, 0.3), recall_margin=0.0, min_cold_recall=0.0)
-    with pytest.raises(ContractViolation, match=r"0\.4200.*0\.4000 \+ margin 0\.0500"):
-        check_gate(_table(0.42, 0.4, 0.3), recall_margin=0.05, min_cold_recall=0.0)
+def _gate(fused: np.ndarray, popular: np.ndarray, rule: GateRule = RULE, cold: float = math.nan, pairs: int = 0) -> str:
+    return check_gate(_table(fused, popular, cold, pairs), {"fused": fused, "popularity": popular}, rule)
+
+
+def _recalls(n: int, seed: int, hit_rate: float = 0.55) -> np.ndarray:
+    """Return n users' recall@K: hits among 1-5 relevant items each, at a hit rate."""
+    rng = np.random.default_rng(seed)
+    relevant = rng.integers(1, 6, n)
+    return rng.binomial(relevant, hit_rate) / relevant
+
+
+def test_a_noisy_gap_on_few_users_passes_the_gate_and_a_broken_list_fails_it() -> None:
+    """80 users, fused 0.540 against popularity 0.557 (the issue's run): inside the noise. 300 users at 0.05: broken."""
+    popular = _recalls(80, 1)
+    fused = np.clip(popular + np.random.default_rng(2).normal(-0.017, 0.25, 80), 0, 1)
+    fused += popular.mean() - 0.017 - fused.mean()  # exactly 0.017 below popularity on average
+    assert fused.mean() < popular.mean()
+    assert _gate(fused, popular).startswith("passed: fused - popularity recall@K -0.0170")
+    broken, popular = _recalls(300, 3, hit_rate=0.05), _recalls(300, 4)
+    with pytest.raises(
+        ContractViolation, match=r"fused recall@K 0\.0[0-9]+ is below popularity's 0\.5[0-9]+ \+ margin 0\.0000 with confidence"
+    ):
+        _gate(broken, popular)
+
+
+def test_gate_margins_users_floor_and_the_cold_floor() -> None:
+    fused, popular = _recalls(200, 5, hit_rate=0.6), _recalls(200, 6, hit_rate=0.5)
+    assert _gate(fused, popular).startswith("passed")
+    with pytest.raises(ContractViolation, match=r"margin 1\.0000"):
+        _gate(fused, popular, replace(RULE, recall_margin=1.0))  # a margin no list can reach
+    assert _gate(np.zeros(200), popular, replace(RULE, recall_margin=-1.0)).startswith("passed")  # gating off
+    few = _gate(np.zeros(49), np.ones(49))
+    assert few == f"{NOT_ENOUGH_DATA}: 49 held-out users (fewer than 50)"
+    assert _gate(np.zeros(0), np.zeros(0)).startswith(NOT_ENOUGH_DATA)  # nobody to evaluate: nothing to gate
+    floor = replace(RULE, min_cold_recall=0.25)
     with pytest.raises(ContractViolation, match=r"cold-item recall@K 0\.1000 is below the minimum 0\.2500"):
-        check_gate(_table(0.5, 0.4, 0.1), recall_margin=0.0, min_cold_recall=0.25)
-    with pytest.raises(ContractViolation):
-        check_gate(_table(math.nan, 0.4, 0.3), recall_margin=0.0, min_cold_recall=0.0)
+        _gate(fused, popular, floor, cold=0.1, pairs=20)
+    assert "cold recall not gated (19 cold pairs" in _gate(fused, popular, floor, cold=0.1, pairs=19)
+    assert _gate(fused, popular, floor, cold=0.3, pairs=20) == _gate(fused, popular)
+
+
+def test_paired_gap_is_the_mean_difference_with_bounds_around_it() -> None:
+    constant = paired_gap(np.full(10, 0.5), np.full(10, 0.2), 200, 0.95, 0)
+    assert constant.users == 10 and (constant.mean, constant.low, constant.high) == pytest.approx((0.3, 0.3, 0.3))
+    a, b = _recalls(400, 7), _recalls(400, 8)
+    gap = paired_gap(a, b, 1000, 0.95, 0)
+    assert gap.low < gap.mean < gap.high and gap.mean == pytest.approx(float((a - b).mean()))
+    assert paired_gap(a, b, 1000, 0.95, 0) == gap  # seeded
+    wider = paired_gap(a, b, 1000, 0.99, 0)
+    assert wider.low < gap.low and wider.high > gap.high
+
+
+def test_fallback_names_the_best_source_that_beats_the_fusion_with_confidence() -> None:
+    fused = _recalls(300, 9, hit_rate=0.2)
+    noisy = fused + np.random.default_rng(12).normal(0.0, 0.3, 300)
+    noisy += fused.mean() + 0.01 - noisy.mean()  # better on average by 0.01, well inside the noise
+    sources = {"als": _recalls(300, 10, hit_rate=0.5), "trending": _recalls(300, 11, hit_rate=0.4), "noisy": noisy}
+    name, gap = fallback_source(fused, sources, RULE)
+    assert name == "als" and gap is not None and gap.high < 0
+    assert fallback_source(fused, {"noisy": noisy, "worse": fused * 0.5}, RULE) == (None, None)
+    assert fallback_source(fused[:49], {k: v[:49] for k, v in sources.items()}, RULE) == (None, None)  # too few users
 
 
 def test_tuning_score_equals_the_evaluation_metrics() -> None:
@@ -214,3 +281,27 @@ def test_whole_union_keeps_zero_weight_lists_and_take_carries_every_column() -> 
     np.testing.assert_allclose(union.rrf[0], [1.0, 0.5, 0.0])  # L2's item is kept with its true RRF score 0
     taken = union.take(np.array([[2, -1]]))
     assert taken.rows.tolist() == [[3, -1]] and taken.ranks[0, 0].tolist() == [0, 1] and taken.rrf_rank[0, 1] == 0
+
+
+def test_top_up_fills_short_lists_from_the_fill_order_skipping_items_already_there() -> None:
+    """K 4: user 0 holds 2 items, user 1 none, user 2 is full; fill lists are each user's unseen items by popularity."""
+    fused = fuse(
+        {"L1": _lists([[5, 6, -1, -1], [-1, -1, -1, -1], [1, 2, 3, 4]])},
+        FusionParams({"L1": 1.0}, rrf_k=0.0, new_quota=0.0, k=4),
+        np.zeros(10, bool),
+    )
+    fill = _lists([[6, 7, 8, 9], [7, -1, -1, -1], [5, 6, 7, 8]])  # user 1 has a single unseen item left
+    full = top_up(fused, fill)
+    assert full.rows.tolist() == [[5, 6, 7, 8], [7, -1, -1, -1], [1, 2, 3, 4]]
+    np.testing.assert_allclose(full.scores[0], [1.0, 0.5, -1.0, -2.0])  # below the user's others, in order
+    assert full.scores[1, 0] == -1.0 and np.isneginf(full.scores[1, 1:]).all()
+    assert full.ranks[0, 2:].tolist() == [[0], [0]] and full.rrf[0, 2:].tolist() == [0.0, 0.0]
+    assert fused.rows[0, 2] == -1  # the input is left alone
+    assert top_up(full, fill) is full  # nothing left to fill
+
+
+def test_source_only_selects_one_list_in_its_order() -> None:
+    lists = {"L1": _lists([[1, 2, 3]]), "L2": _lists([[4, 5, 6]])}
+    params = source_only(FusionParams({"L1": 3.0, "L2": 0.3}, rrf_k=5.0, new_quota=0.5, k=3), "L2")
+    assert params.weights == {"L1": 0.0, "L2": 1.0} and params.new_quota == 0.0 and params.rrf_k == 5.0
+    assert fuse(lists, params, np.ones(8, bool)).rows.tolist() == [[4, 5, 6]]

@@ -25,6 +25,7 @@ from models.recommender.sources.base import History, Lists, empty_lists, item_co
 
 log = logging.getLogger(__name__)
 _DEFAULTS = CandidateSettings()
+_FILTERED = np.finfo(np.float32).min  # the score implicit gives the items it filters out
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ class AlsSource:
                 filter_already_liked_items=True,
                 filter_items=self.cold_items if len(self.cold_items) else None,
             )
-            scores = np.where(np.isfinite(scores) & (ids >= 0), scores, -np.inf).astype(np.float32)
+            # implicit returns filtered (seen, cold) items at the tail with -FLT_MAX, a finite score: they are empty slots
+            kept = np.isfinite(scores) & (scores > _FILTERED) & (ids >= 0)
+            scores = np.where(kept, scores, -np.inf).astype(np.float32)
             out.rows[start : start + len(part), :width] = np.where(np.isfinite(scores), ids, -1)
             out.scores[start : start + len(part), :width] = scores
         out.rows[~self.has_history[users]] = -1
@@ -113,6 +116,8 @@ class AlsSource:
 def fit_als(history: History, params: AlsParams = AlsParams()) -> AlsSource:
     """Return the ALS source fitted on a History."""
     seen = user_item_matrix(history)
+    import implicit.cpu.als  # noqa: F401  # loads the OpenBLAS implicit uses, so that the limit below covers it too
+
     with threadpool_limits(limits=1, user_api="blas"):  # implicit parallelises itself; BLAS threads would fight it
         model = _model(params)
         model.fit(confidence_values(seen, params), show_progress=False)  # type: ignore[attr-defined]

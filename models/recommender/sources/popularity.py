@@ -1,10 +1,16 @@
 """Popularity sources: trending (recency-decayed counts), topic-affine trending, and plain most-popular.
 
-trending(j)            = sum over j's interactions of event_weight x 0.5 ** (age_days / trend_half_life_days)
+trending(j)            = sum over the users u who interacted with j of min(trend_user_cap, tenure_u x sum over
+                         u's interactions with j of event_weight x 0.5 ** (age_days / trend_half_life_days)),
+                         and 0 while fewer than trend_min_users distinct users did; tenure_u = min(1, days since
+                         u's first interaction / trend_new_user_days): a handful of new users (fake ones, a bot)
+                         cannot make an item trend (benchmarks/trending_robustness.py measures it)
 topic_trending(u, j)   = (affinity_u(topic_j) + smoothing) x trending(j), affinity = the user's share of
                          interactions in each topic; the source for thin-history users (users with no
                          history get nothing from it; they get trending)
 most_popular(j)        = number of interactions with j: the baseline of the evaluation and the gate
+fill                   = every item by trending, then (trending 0) catalogue order: what tops up a user's
+                         candidates when the fused lists hold fewer than K unseen items
 Every list excludes the user's seen items; ties go to the lower item row.
 """
 
@@ -22,6 +28,7 @@ _US_PER_DAY = 86_400 * 1_000_000
 
 
 _DEFAULTS = CandidateSettings()
+FILL = "fill"  # the name of the fill order's list (and of a topped-up candidate's source)
 
 
 @dataclass(frozen=True)
@@ -30,13 +37,44 @@ class PopularityParams:
 
     trend_half_life_days: float = _DEFAULTS.trend_half_life_days
     topic_smoothing: float = _DEFAULTS.topic_smoothing
+    trend_min_users: int = _DEFAULTS.trend_min_users
+    trend_user_cap: float = _DEFAULTS.trend_user_cap
+    trend_new_user_days: float = _DEFAULTS.trend_new_user_days
 
 
-def trending_scores(history: History, half_life_days: float) -> np.ndarray:
-    """Return each item's recency-decayed, event-weighted interaction count as of history.now."""
+def tenure(history: History, full_days: float) -> np.ndarray:
+    """Return each interaction's user's weight: days since the user's first interaction / full_days, at most 1."""
+    if full_days <= 0 or len(history.user_rows) == 0:
+        return np.ones(len(history.user_rows))
+    first = np.full(history.n_users, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, history.user_rows, history.ts_us.astype(np.int64))
+    days = (to_epoch_us(history.now) - first[history.user_rows]) / _US_PER_DAY
+    return np.clip(days / full_days, 0.0, 1.0)
+
+
+def trending_scores(
+    history: History, half_life_days: float, min_users: int = 1, user_cap: float = np.inf, new_user_days: float = 0.0
+) -> np.ndarray:
+    """Return each item's recency-decayed, event-weighted interaction count as of history.now.
+
+    A user's events count in proportion to the user's tenure (full after new_user_days), each user's part of an
+    item's count is at most user_cap, and an item fewer than min_users distinct users interacted with scores 0
+    (the defaults: plain decayed counts, the ranker's feature).
+    """
     age_days = np.clip((to_epoch_us(history.now) - history.ts_us) / _US_PER_DAY, 0.0, None)
-    decayed = history.event_weight * 0.5 ** (age_days / half_life_days)
-    return np.bincount(history.item_rows, weights=decayed, minlength=history.n_items)
+    decayed = history.event_weight * 0.5 ** (age_days / half_life_days) * tenure(history, new_user_days)
+    pairs = sp.coo_matrix((decayed, (history.item_rows, history.user_rows)), shape=(history.n_items, history.n_users)).tocsr()
+    pairs.sum_duplicates()  # one entry per (item, user): that user's whole weight on the item
+    scores = np.asarray(pairs.minimum(user_cap).sum(axis=1)).ravel() if np.isfinite(user_cap) else pairs.sum(axis=1).A1
+    scores[np.diff(pairs.indptr) < min_users] = 0.0
+    return np.asarray(scores, dtype=np.float64)
+
+
+def robust_trending(history: History, params: PopularityParams) -> np.ndarray:
+    """Return the trending scores of the popularity sources and the fallback list: new users discounted, capped, min users."""
+    return trending_scores(
+        history, params.trend_half_life_days, params.trend_min_users, params.trend_user_cap, params.trend_new_user_days
+    )
 
 
 def _ranked_unseen(order: np.ndarray, score: np.ndarray, seen: sp.csr_matrix, users: np.ndarray, n: int) -> Lists:
@@ -61,11 +99,11 @@ def _ranked_unseen(order: np.ndarray, score: np.ndarray, seen: sp.csr_matrix, us
 class GlobalRankSource:
     """A source that ranks every user's unseen items by one global score (trending, most popular)."""
 
-    def __init__(self, name: str, score: np.ndarray, seen: sp.csr_matrix) -> None:
+    def __init__(self, name: str, score: np.ndarray, seen: sp.csr_matrix, every_item: bool = False) -> None:
         self.name, self.seen = name, seen
         self.score = score.astype(np.float32)
-        positive = np.flatnonzero(score > 0)
-        self.order = positive[np.lexsort((positive, -score[positive]))].astype(np.int32)
+        ranked = np.arange(len(score)) if every_item else np.flatnonzero(score > 0)
+        self.order = ranked[np.lexsort((ranked, -score[ranked]))].astype(np.int32)
 
     def recommend(self, users: np.ndarray, n: int) -> dict[str, Lists]:
         """Return {name: each user's top-n unseen items by the global score (items scoring 0 never)}."""
@@ -112,7 +150,13 @@ class TopicTrendingSource:
 
 def fit_trending(history: History, params: PopularityParams = PopularityParams()) -> GlobalRankSource:
     """Return the trending source: recency-decayed counts as of history.now."""
-    return GlobalRankSource("trending", trending_scores(history, params.trend_half_life_days), user_item_matrix(history))
+    return GlobalRankSource("trending", robust_trending(history, params), user_item_matrix(history))
+
+
+def fit_fill(history: History, params: PopularityParams = PopularityParams()) -> GlobalRankSource:
+    """Return the fill order: every item by trending, items scoring 0 after the others in catalogue order."""
+    scores = robust_trending(history, params)
+    return GlobalRankSource(FILL, scores, user_item_matrix(history), every_item=True)
 
 
 def fit_most_popular(history: History) -> GlobalRankSource:
@@ -124,4 +168,4 @@ def fit_topic_trending(
     history: History, catalogue: Catalogue, params: PopularityParams = PopularityParams()
 ) -> TopicTrendingSource:
     """Return the topic-affine trending source."""
-    return TopicTrendingSource(trending_scores(history, params.trend_half_life_days), catalogue, history, params)
+    return TopicTrendingSource(robust_trending(history, params), catalogue, history, params)
