@@ -3,7 +3,8 @@
 With core/settings.py the only module that reads or writes the environment. `apply_runtime_defaults` sets the
 switches of the libraries we drive (Prefect, Hugging Face, Great Expectations); `child_environment` and
 `worker_environment` build the environment of the processes we start (worker, servers, Ray workers);
-`export_settings` puts settings where the processes this one starts will read them (uvicorn's workers).
+`export_settings` puts settings where the processes this one starts will read them (uvicorn's workers), and
+`export_metrics_folder` names where those workers write their metrics (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ def settings_environment(settings: Settings) -> dict[str, str]:
 def export_settings(settings: Settings) -> None:
     """Put settings in this process's environment, where the processes it starts next read them (uvicorn workers)."""
     os.environ.update(settings_environment(settings))
+
+
+METRICS_FOLDER = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode: where each worker writes its values
+
+
+def export_metrics_folder(folder: str | None) -> None:
+    """Name the folder where the serving workers this process starts next write their metrics (None: no longer)."""
+    if folder is None:
+        os.environ.pop(METRICS_FOLDER, None)
+    else:
+        os.environ[METRICS_FOLDER] = folder
+
+
+def metrics_folder() -> str | None:
+    """Return the folder of the serving workers' metrics, or None when this process keeps its own (one worker)."""
+    return os.environ.get(METRICS_FOLDER) or None
 
 
 def worker_environment(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,6 +10,9 @@ Decisions recorded here are the contract:
   data is not UTF-8): the row is quarantined (rule ``text:valid_utf8`` for title and body, ``<column>:valid_utf8``
   otherwise). A string that holds U+FFFD (the replacement character) as a valid code point is valid.
 - Interactions whose item_id is not among the valid items are quarantined (rule ``item_id:item_exists``).
+- An item's ``item_id`` and an interaction's ``user_id`` follow the one id rule (core/ids.py: printable, no
+  surrounding space, at most 256 characters); a row that breaks it is quarantined (rule ``<column>:valid_id``), so
+  the ranker can serve and ``POST /v1/events`` can report every id a run publishes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pandera.polars as pa
 import polars as pl
 
 from core.errors import InputUnreadable
+from core.ids import valid_id
 from data_contracts.quarantine import REQUIRED_COLUMNS, ROW, failing_rows, require_columns, split_by_failures
 
 ITEMS_CONTRACT = "items/1"
@@ -141,7 +145,7 @@ def items_schema(rules: InputRules) -> pa.DataFrameSchema:
     """Return the pandera schema of conformed items (with the derived text column); uniqueness is `duplicate_rows`'."""
     return pa.DataFrameSchema(
         {
-            "item_id": pa.Column(str, nullable=False, checks=pa.Check.str_length(min_value=1)),
+            "item_id": pa.Column(str, nullable=False, checks=[_valid_id()]),
             "title": pa.Column(str, nullable=True),
             "body": pa.Column(str, nullable=False),
             "created_at": pa.Column(pl.Datetime("us", "UTC"), nullable=True, checks=pa.Check.le(rules.not_after)),
@@ -155,7 +159,7 @@ def interactions_schema(rules: InputRules) -> pa.DataFrameSchema:
     """Return the pandera schema of conformed interactions."""
     return pa.DataFrameSchema(
         {
-            "user_id": pa.Column(str, nullable=False, checks=[_not_blank()]),
+            "user_id": pa.Column(str, nullable=False, checks=[_valid_id()]),
             "item_id": pa.Column(str, nullable=False),
             "event": pa.Column(str, nullable=False, checks=pa.Check.isin(EVENTS)),
             "ts": pa.Column(pl.Datetime("us", "UTC"), nullable=False, checks=pa.Check.le(rules.not_after)),
@@ -168,6 +172,20 @@ def _not_blank() -> pa.Check:
     return pa.Check(
         lambda data: data.lazyframe.select(pl.col(data.key).str.strip_chars().str.len_chars() > 0),
         name="not_blank",
+    )
+
+
+def valid_id_mask(ids: pl.Series) -> pl.Series:
+    """Return, per id, whether it follows the id rule (core/ids.py; nulls pass: they are not_nullable's), once per distinct id."""
+    distinct = ids.drop_nulls().unique()
+    good = distinct.filter(pl.Series([valid_id(v) for v in distinct], dtype=pl.Boolean))
+    return ids.is_in(good.implode()) | ids.is_null()
+
+
+def _valid_id() -> pa.Check:
+    return pa.Check(
+        lambda data: data.lazyframe.select(pl.col(data.key).map_batches(valid_id_mask, return_dtype=pl.Boolean)),
+        name="valid_id",
     )
 
 

@@ -105,12 +105,16 @@ class ItemScoreTally:
         if norms.size and np.isfinite(norms).any():
             self.worst_norm = max(self.worst_norm, float(np.nanmax(np.abs(norms - 1))))
 
+    def item_ids(self) -> pl.Series:
+        """Return the item ids of every batch added, in order."""
+        return pl.concat(self.ids) if self.ids else pl.Series("item_id", [], dtype=pl.String)
+
     def failures(self, expected_rows: int) -> list[str]:
         """Return the failed rules over every batch added, in the order of item_score_failures."""
         failures = render_cases(self.cases, "item_scores")
         if self.rows != expected_rows:
             failures.append(f"item_scores has {self.rows} rows, expected {expected_rows}")
-        ids = pl.concat(self.ids) if self.ids else pl.Series("item_id", [], dtype=pl.String)
+        ids = self.item_ids()
         if ids.n_unique() != self.rows:
             failures.append("item_scores.item_id is not unique")
         if not self.all_finite:
@@ -131,10 +135,23 @@ def item_score_failures(scores: pl.DataFrame | Iterable[pl.DataFrame], labels: l
     return tally.failures(expected_rows)
 
 
-def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_items: int, k: int) -> list[str]:
-    """Return the user_candidates rules that fail: pandera row contract, min(K, unseen) unseen items per user, ranks 1..n."""
+def owed_candidates(interactions: pl.DataFrame, n_items: int, k: int, item_ids: pl.Series | None = None) -> pl.DataFrame:
+    """Return (user_id, want): every user's min(K, catalogue items the user has not seen); an item seen twice counts once.
+
+    item_ids: the catalogue's items (None: every interaction is of one); items outside it are not counted as seen.
+    """
+    seen = pl.col("item_id") if item_ids is None else pl.col("item_id").filter(pl.col("item_id").is_in(item_ids.implode()))
+    return interactions.group_by("user_id").agg(
+        pl.min_horizontal(pl.lit(k), pl.lit(n_items) - seen.n_unique()).cast(pl.Int64).alias("want")
+    )
+
+
+def candidate_failures(
+    candidates: pl.DataFrame, interactions: pl.DataFrame, n_items: int, k: int, item_ids: pl.Series | None = None
+) -> list[str]:
+    """Return the user_candidates rules that fail: pandera row contract, min(K, unseen) unseen catalogue items per user,
+    ranks 1..n (item_ids: the catalogue, see owed_candidates)."""
     failures = pandera_failures(candidates, user_candidates_schema(k))
-    seen = interactions.group_by("user_id").agg(pl.col("item_id").n_unique().alias("seen"))
     per_user = candidates.group_by("user_id").agg(
         pl.len().alias("n"),
         pl.col("item_id").n_unique().alias("distinct"),
@@ -142,9 +159,7 @@ def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_i
         pl.col("rank").min().alias("lo"),
         pl.col("rank").max().alias("hi"),
     )
-    joined = seen.join(per_user, on="user_id", how="left").with_columns(
-        pl.min_horizontal(pl.lit(k), pl.lit(n_items) - pl.col("seen")).alias("want")
-    )
+    joined = owed_candidates(interactions, n_items, k, item_ids).join(per_user, on="user_id", how="left")
     short = joined.filter(pl.col("n").fill_null(0) != pl.col("want"))
     if short.height:
         failures.append(f"{short.height} users lack their K={k} candidates (e.g. {short.get_column('user_id')[0]})")
@@ -154,6 +169,8 @@ def candidate_failures(candidates: pl.DataFrame, interactions: pl.DataFrame, n_i
         failures.append("candidate ranks are not 1..n per user")
     if candidates.join(interactions.select("user_id", "item_id"), on=["user_id", "item_id"], how="semi").height:
         failures.append("a candidate is an item the user already interacted with")
+    if item_ids is not None and not candidates.get_column("item_id").is_in(item_ids.implode()).all():
+        failures.append("a candidate is not in the catalogue (item_scores)")
     if not candidates.get_column("score").is_finite().all():
         failures.append("user_candidates.score has non-finite values")
     return failures

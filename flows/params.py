@@ -4,8 +4,8 @@ No prefect import here: the CLI and services validate a request with these model
 Their JSON schema is also what the Prefect server enforces at submission (deployments/deploy.py makes it
 strict), so every rule that JSON Schema can state is stated in it too: the date format and range, the
 callback's scheme and literal internal addresses, non-empty item ids, no unknown fields. Rules across fields
-(both inputs or neither, end_date after start_date) are pydantic's alone: a run that breaks them fails as
-soon as it starts, before any work.
+(a nightly's or backfill's inputs both or neither, end_date after start_date) are pydantic's alone: a run that breaks them fails
+as soon as it starts, before any work.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ DATE_PATTERN = r"^(19[0-9]{2}|2[0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01]
 CALLBACK_PATTERN = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+([/?#]\S*)?$"
 # Literal hosts a callback may not name (JSON Schema can tell no more; the worker checks resolved names too):
 # localhost, 127/8, 10/8, 0/8, 169.254/16, 192.168/16, 172.16/12, 100.64/10, all-digit, hex or octal IPv4
-# forms, and the IPv6 loopback, IPv4-mapped, unique-local and link-local ranges.
+# forms, and the IPv6 ranges whose first group is 0 (loopback, unspecified, IPv4-mapped and -compatible),
+# unique-local and link-local, and every NAT64 (64:ff9b::), 6to4 (2002::) and Teredo (2001:0::) literal: the
+# schema cannot read the IPv4 address inside (pydantic and the worker refuse only those carrying an internal one).
 INTERNAL_HOST_PATTERN = (
     r"^[a-zA-Z][a-zA-Z0-9+.-]*://([^/?#@]*@)?("
     r"[lL][oO][cC][aA][lL][hH][oO][sS][tT]([.:/?#]|$)|[^/?#:]*\.[lL][oO][cC][aA][lL][hH][oO][sS][tT]([:/?#]|$)|"
     r"127\.|10\.|0\.|169\.254\.|192\.168\.|172\.(1[6-9]|2[0-9]|3[01])\.|100\.(6[4-9]|[7-9][0-9]|1[01][0-9]|12[0-7])\.|"
     r"[0-9]+([/?#:]|$)|0[xX0-9]|"
-    r"\[(::1?\]|::[fF]{4}:|[fF][cCdD]|[fF][eE][89aAbB]))"
+    r"\[(:|0+:|0{0,2}64:[fF]{2}9[bB]:|2002:|2001:0*:|[fF][cCdD]|[fF][eE][89aAbB]))"
 )
 DATE_SCHEMA: dict[str, Any] = {"pattern": DATE_PATTERN}
 CALLBACK_SCHEMA: dict[str, Any] = {"pattern": CALLBACK_PATTERN, "not": {"type": "string", "pattern": INTERNAL_HOST_PATTERN}}

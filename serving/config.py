@@ -7,13 +7,26 @@ from the NIGHTSCORE_ variables it exported for them (core/environment.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator
+
+from core.ids import id_problem
 from core.settings import ServingSettings, Settings
 
-USER_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_N = 100
 DEFAULT_N = 10
+
+
+def checked_id(value: str) -> str:
+    """Return value when it follows the id rule (core/ids.py); raise ValueError saying why not (never echoing it)."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+ServedId = Annotated[str, AfterValidator(checked_id)]  # a user or item id in a request: the contracts' rule
 
 
 @dataclass(frozen=True)

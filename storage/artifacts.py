@@ -10,6 +10,8 @@ Layout (under the lake root, so an s3:// lake serves a service on another host):
 - ``serving/<run_id>/neighbours.parquet``: the run's co-visitation neighbours (item_id, neighbour_id, weight), a
   few per item, named in its serving.json (``"neighbours"``, a path under the lake root; null without them): the
   service boosts the candidates that co-occur with a user's fresh events;
+- ``serving/<run_id>/items.parquet``: the run's catalogue (one ``item_id`` column), named in its serving.json
+  (``"items"``): the service drops events of items the run it serves does not know;
 - ``serving/latest.json``: ``{"run_id": ...}`` of the newest published run (a service whose cache is down starts
   from it).
 """
@@ -26,6 +28,7 @@ from core.errors import InputUnreadable
 from storage.lake import Lake
 
 MODEL_FILE, META_FILE, SERVING_FILE, NEIGHBOURS_FILE = "model.bin", "metadata.json", "serving.json", "neighbours.parquet"
+ITEMS_FILE = "items.parquet"
 NEIGHBOUR_COLUMNS = {"item_id": pl.String(), "neighbour_id": pl.String(), "weight": pl.Float32()}
 
 
@@ -72,6 +75,25 @@ def read_neighbours(lake: Lake, path: str) -> pl.DataFrame:
     if dict(frame.schema) != NEIGHBOUR_COLUMNS:
         raise InputUnreadable(f"neighbours file {path}: columns {dict(frame.schema)}, expected {NEIGHBOUR_COLUMNS}")
     return frame
+
+
+def publish_items(lake: Lake, run_id: str, item_ids: pl.Series) -> str:
+    """Write a run's catalogue to serving/<run_id>/items.parquet (one item_id column); return its path under the lake root."""
+    path = posixpath.join("serving", run_id, ITEMS_FILE)
+    lake.write_parquet(pl.DataFrame({"item_id": item_ids.cast(pl.String)}), lake.uri(path))
+    return path
+
+
+def read_items(lake: Lake, path: str) -> pl.Series:
+    """Return the item ids of a run's catalogue at a path under the lake root (serving.json's "items").
+
+    Raises:
+        InputUnreadable: the file is absent or unreadable, or its item_id column is not text.
+    """
+    frame = lake.read_parquet(lake.uri(path), "items", columns=["item_id"])
+    if frame.schema.get("item_id") != pl.String():
+        raise InputUnreadable(f"items file {path}: item_id is {frame.schema.get('item_id')}, expected String")
+    return frame.get_column("item_id")
 
 
 def publish_serving(lake: Lake, run_id: str, serving: dict[str, Any], latest: bool) -> str:

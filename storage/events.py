@@ -3,11 +3,14 @@
 Each event is kept twice: in the stream/table, for `nightscore events export` (the next nightly run reads it as
 interactions), and in a per-user set of recent items the service reads with the user's candidates (one round trip,
 storage/cache_async.py). Both are bounded: events older than ``retention_s`` are trimmed, and when ``max_events``
-are held a new event is refused with EventsFull (HTTP 429), never dropped silently.
+are held a new event is refused with EventsFull (HTTP 429), never dropped silently. An exact duplicate (same user,
+item, kind and ts) of an event held is not stored again (``append`` says so): a client's retry is counted once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
 import threading
 import time
@@ -54,8 +57,13 @@ class EventStore(ABC):
     """Where the service appends events and the export reads a day of them."""
 
     @abstractmethod
-    async def append(self, event: Event) -> None:
-        """Store one event. Raises EventsFull when max_events are held, CacheUnavailable when unreachable."""
+    async def append(self, event: Event) -> bool:
+        """Store one event; return False for an exact duplicate of one held (not stored again).
+
+        Raises:
+            EventsFull: max_events are held.
+            CacheUnavailable: the store does not answer.
+        """
 
     @abstractmethod
     async def day(self, day: date) -> list[Event]:
@@ -72,6 +80,9 @@ _SQLITE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS events_user ON events (user_id, ts)",
     "CREATE INDEX IF NOT EXISTS events_received ON events (received_at)",
 )
+_UNIQUE_EVENTS = "CREATE UNIQUE INDEX IF NOT EXISTS events_exact ON events (user_id, item_id, event, ts)"
+# a file written before duplicates were refused may hold some: keep each event's first copy, then index
+_DROP_DUPLICATES = "DELETE FROM events WHERE rowid NOT IN (SELECT min(rowid) FROM events GROUP BY user_id, item_id, event, ts)"
 
 
 class SqliteEvents(EventStore):
@@ -85,6 +96,11 @@ class SqliteEvents(EventStore):
         self._conn.execute("PRAGMA journal_mode = WAL")
         for statement in _SQLITE_SCHEMA:
             self._conn.execute(statement)
+        try:
+            self._conn.execute(_UNIQUE_EVENTS)
+        except sqlite3.IntegrityError:
+            self._conn.execute(_DROP_DUPLICATES)
+            self._conn.execute(_UNIQUE_EVENTS)
 
     def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         """Return the rows of one statement; SQLite errors become CacheUnavailable."""
@@ -99,14 +115,15 @@ class SqliteEvents(EventStore):
         low, high = self._run("SELECT min(rowid), max(rowid) FROM events")[0]
         return 0 if low is None else int(high) - int(low) + 1  # type: ignore[call-overload]
 
-    async def append(self, event: Event) -> None:
-        """Insert one event after trimming those past retention; refuse it when max_events are held."""
+    async def append(self, event: Event) -> bool:
+        """Insert one event after trimming those past retention; refuse it when max_events are held; False: a duplicate."""
         now = time.time()
         if self.held() >= self.max_events:
             self._run("DELETE FROM events WHERE received_at < ?", (now - self.retention_s,))
             if self.held() >= self.max_events:
                 raise EventsFull(f"event store holds {self.max_events} events (max); export or raise the limit")
-        self._run("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (event.user_id, event.item_id, event.event, event.ts, now))
+        values = (event.user_id, event.item_id, event.event, event.ts, now)
+        return bool(self._run("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?) RETURNING 1", values))
 
     def recent(self, user_id: str) -> dict[str, float]:
         """Return item id -> latest event time of the user's events within retention."""
@@ -129,10 +146,12 @@ class SqliteEvents(EventStore):
             self._conn.close()
 
 
-# KEYS: stream, user set; ARGV: max events, retention ms, now ms, user, item, event, ts, recent kept
+# KEYS: stream, user set, the event's fingerprint; ARGV: max events, retention ms, now ms, user, item, event, ts,
+# recent kept. Returns 1 stored, 0 full, 2 an exact duplicate of an event held (its fingerprint lives as long).
 _APPEND_SCRIPT = """
 redis.call('XTRIM', KEYS[1], 'MINID', '~', tonumber(ARGV[3]) - tonumber(ARGV[2]))
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then return 2 end
 redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'user_id', ARGV[4], 'item_id', ARGV[5], 'event', ARGV[6], 'ts', ARGV[7])
 redis.call('ZADD', KEYS[2], ARGV[7], ARGV[5])
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -1 - tonumber(ARGV[8]))
@@ -156,9 +175,14 @@ class RedisEvents(EventStore):
         """Return the key of the event stream."""
         return f"{self.prefix}:ev:stream"
 
-    async def append(self, event: Event) -> None:
-        """Append one event in one script call (trim, bound check, XADD, the user's set); refuse it when full."""
-        keys = [self.stream_key, user_events_key(self.prefix, event.user_id)]
+    def fingerprint_key(self, event: Event) -> str:
+        """Return the key marking an event as held (a digest of user, item, kind and ts)."""
+        digest = hashlib.sha1(json.dumps([event.user_id, event.item_id, event.event, repr(event.ts)]).encode()).hexdigest()
+        return f"{self.prefix}:ev:seen:{digest}"
+
+    async def append(self, event: Event) -> bool:
+        """Append one event in one script call (trim, bound check, duplicate check, XADD, the user's set)."""
+        keys = [self.stream_key, user_events_key(self.prefix, event.user_id), self.fingerprint_key(event)]
         args: list[str | int | float] = [
             self.max_events,
             self.retention_ms,
@@ -175,6 +199,7 @@ class RedisEvents(EventStore):
             raise CacheUnavailable(f"event stream unavailable: {exc or type(exc).__name__}") from exc
         if not added:
             raise EventsFull(f"event stream holds {self.max_events} events (max); export or raise the limit")
+        return int(added) == 1
 
     async def day(self, day: date) -> list[Event]:
         """Return the stream's events whose ts falls on the UTC day, oldest first."""

@@ -1,7 +1,8 @@
 """The `publish-serving` node: what the online ranker serves a published run with (serving/<run_id>/serving.json).
 
 Inside the publication's transaction, after the warehouse commit: the run's ranker version, the feature set of its
-cache entries and its trending items for users it has not seen. ``serving/latest.json`` moves only when the run is
+cache entries, its trending items for users it has not seen, and its catalogue (``serving/<run_id>/items.parquet``,
+the item ids of item_scores: the service drops events of any other item). ``serving/latest.json`` moves only when the run is
 the newest published one (a backfilled older date never moves what a restarted service starts from).
 """
 
@@ -14,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from core.errors import PublishError
 from core.records import Published, RunRef, Stages
-from storage.artifacts import publish_serving
+from storage.artifacts import publish_items, publish_serving
 from storage.resources import lake_for, warehouse_for
 
 
@@ -25,6 +26,8 @@ def publish_serving_node(run: RunRef, stages: Stages, published: Published) -> P
     serving = lake.read_json(run.path("serving.json"))
     if serving is None:
         raise PublishError(f"run {run.run_id} has no serving.json in its folder: its candidates were not built")
+    item_ids = lake.read_parquet(stages.scored.uri, "item_scores", columns=["item_id"]).get_column("item_id")
+    serving = {**serving, "items": publish_items(lake, run.run_id, item_ids)}
     latest = warehouse_for(run.settings).latest_published()
     publish_serving(lake, run.run_id, serving, latest is not None and latest.run_id == run.run_id)
     return replace(published, serving_features=len(serving.get("feature_names") or []))

@@ -223,6 +223,21 @@ def test_too_few_users_served_fails_coverage(frames: dict[str, pl.DataFrame], pa
     assert only_failure(report, "expect_column_min_to_be_between", "user_coverage") == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("previous", [None, {"row_count": 500.0, "n_users": 100.0}])
+def test_no_candidates_pass_when_nobody_is_owed_one(frames: dict[str, pl.DataFrame], previous: dict | None) -> None:
+    """A run without interactions (or whose users have seen every item) owes no candidates: an empty table is right."""
+    params = SuiteParams(top_k=K, expected_users=0)
+    assert validate_dataset("user_candidates", frames["user_candidates"].clear(), previous, params).success
+    report = validate_dataset("user_candidates", frames["user_candidates"].clear(), previous, PARAMS)
+    assert failed(report, "expect_table_row_count_to_be_between")[0].observed == 0
+
+
+def test_a_first_runs_log_may_be_empty_a_later_one_is_held_to_the_previous_count(frames: dict[str, pl.DataFrame]) -> None:
+    assert validate_dataset("interactions", frames["interactions"].clear(), None, PARAMS).success
+    report = validate_dataset("interactions", frames["interactions"].clear(), {"row_count": 1000.0}, PARAMS)
+    assert failed(report, "expect_table_row_count_to_be_between")[0].observed == 0
+
+
 # --- Data Docs and quiet -------------------------------------------------------------------------------
 
 

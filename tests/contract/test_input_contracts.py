@@ -43,7 +43,10 @@ def test_clean_demo_batch_passes(demo: tuple[pl.DataFrame, pl.DataFrame]) -> Non
     ("column", "value", "rule"),
     [
         ("item_id", None, "item_id:not_nullable"),
-        ("item_id", "", "item_id:str_length(1, None)"),
+        ("item_id", "", "item_id:valid_id"),
+        ("item_id", " ", "item_id:valid_id"),
+        ("item_id", "a\nb", "item_id:valid_id"),
+        ("item_id", "x" * 10_000, "item_id:valid_id"),
         ("body", None, "body:not_nullable"),
         ("body", "x" * 25_000, "text:str_length(None, 20000)"),
         ("created_at", datetime(2027, 6, 1, tzinfo=UTC), "created_at:less_than_or_equal_to"),
@@ -76,7 +79,8 @@ def test_every_copy_of_a_duplicate_id_is_quarantined(demo: tuple[pl.DataFrame, p
     ("column", "value", "rule"),
     [
         ("event", "like", "event:isin"),
-        ("user_id", "  ", "user_id:not_blank"),
+        ("user_id", "  ", "user_id:valid_id"),
+        ("user_id", "u\u200b1", "user_id:valid_id"),  # a zero-width space: invisible, never typed back
         ("ts", datetime(2030, 1, 1, tzinfo=UTC), "ts:less_than_or_equal_to"),
         ("item_id", "item-999999", "item_id:item_exists"),
     ],

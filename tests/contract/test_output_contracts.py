@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from core.settings import DEFAULT_TOPIC_LABELS
-from data_contracts.outputs import candidate_failures, item_score_failures
+from data_contracts.outputs import candidate_failures, item_score_failures, owed_candidates
 
 K = 10
 TOPICS = list(DEFAULT_TOPIC_LABELS)
@@ -101,3 +101,23 @@ def test_seen_item_and_missing_candidates_fail() -> None:
     assert any("already interacted" in f for f in candidate_failures(frame, seen_again, 60, K))
     short = frame.filter(~((pl.col("user_id") == "u0") & (pl.col("rank") == K)))
     assert any("lack their K=10 candidates" in f for f in candidate_failures(short, seen, 60, K))
+
+
+def _ranked(user: str, items: list[str]) -> pl.DataFrame:
+    """Return one user's candidates: the items ranked 1..n."""
+    return pl.DataFrame(
+        {"user_id": user, "rank": list(range(1, len(items) + 1)), "item_id": items, "score": [1.0] * len(items)},
+        schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64},
+    )
+
+
+def test_a_small_catalogue_owes_min_k_unseen_items_counting_a_seen_item_once_and_catalogue_items_only() -> None:
+    """Catalogue i0..i4, K 10: u0 saw i0 twice and an item gone from the catalogue -> owed 4; u1 saw all 5 -> owed 0."""
+    catalogue = pl.Series("item_id", [f"i{i}" for i in range(5)])
+    seen = pl.DataFrame({"user_id": ["u0", "u0", "u0", *["u1"] * 5], "item_id": ["i0", "i0", "gone", *catalogue.to_list()]})
+    frame = _ranked("u0", ["i1", "i2", "i3", "i4"])
+    assert candidate_failures(frame, seen, 5, K, item_ids=catalogue) == []
+    assert owed_candidates(seen, 5, K, item_ids=catalogue).sort("user_id").rows() == [("u0", 4), ("u1", 0)]
+    assert any("lack their K=10 candidates" in f for f in candidate_failures(frame.head(3), seen, 5, K, item_ids=catalogue))
+    outside = pl.concat([frame, _ranked("u0", ["i1", "i2", "i3", "i4", "x9"]).tail(1)])
+    assert any("not in the catalogue" in f for f in candidate_failures(outside, seen, 5, K, item_ids=catalogue))

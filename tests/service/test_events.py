@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
-from serving.config import serving_config
 from storage.cache import CandidateCache, RedisCache, SqliteCache
 from storage.cache_async import open_stores
 from storage.candidate_payload import decode_entry
-from tests.service.conftest import REDIS_URL, Served, publish
+from tests.service.conftest import REDIS_URL, Served, keyed, publish, service_config
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -33,8 +31,7 @@ def _client(served: Served, location: tuple[str, str], **overrides: Any) -> Test
     cache: CandidateCache = RedisCache(url, prefix) if url.startswith("redis://") else SqliteCache(url, prefix)
     with cache:
         publish(cache, "r1", served.entries)
-    settings = Settings(cache=CacheSettings(url=url, prefix=prefix), lake=LakeSettings(url=str(served.lake_root)))
-    return TestClient(create_app(serving_config(settings, **overrides)))
+    return keyed(create_app(service_config(url, prefix, served.lake_root, **overrides)))
 
 
 @pytest.fixture
@@ -67,19 +64,20 @@ def test_a_clicked_item_is_no_longer_recommended(client: TestClient, served: Ser
     assert top_ids(client, other) == top_ids(client, other)  # nobody else is affected
 
 
-def test_events_before_the_runs_candidates_do_not_exclude(client: TestClient, served: Served) -> None:
+def test_events_before_the_runs_candidates_do_not_exclude(served: Served, location: tuple[str, str]) -> None:
     user_id = sorted(served.entries)[5]
-    before = top_ids(client, user_id)
-    old = datetime.fromisoformat(served.computed_at) - timedelta(hours=1)  # the run already knew it
-    assert client.post("/v1/events", json=event(user_id, before[0], ts=old)).status_code == 202
-    assert top_ids(client, user_id) == before
+    with _client(served, location, events_max_age_s=1e9) as client:  # the demo run's cut-off is weeks ago
+        before = top_ids(client, user_id)
+        old = datetime.fromisoformat(served.computed_at) - timedelta(hours=1)  # the run already knew it
+        assert client.post("/v1/events", json=event(user_id, before[0], ts=old)).status_code == 202
+        assert top_ids(client, user_id) == before
 
 
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
         ({"user_id": "u1", "item_id": "i1", "event": "like", "ts": "2026-11-30T10:00:00Z"}, "event"),
-        ({"user_id": "u 1", "item_id": "i1", "event": "click", "ts": "2026-11-30T10:00:00Z"}, "user_id"),
+        ({"user_id": " u1", "item_id": "i1", "event": "click", "ts": "2026-11-30T10:00:00Z"}, "user_id"),
         ({"user_id": "u1", "item_id": "i1", "event": "click", "ts": "2026-11-30T10:00:00"}, "ts"),  # no time zone
         ({"user_id": "u1", "item_id": "i1", "event": "click", "ts": "2999-01-01T00:00:00Z"}, "ts"),  # the future
         ({"user_id": "u1", "item_id": "i1", "event": "click"}, "ts"),
@@ -97,20 +95,78 @@ def test_an_oversized_body_is_413(client: TestClient) -> None:
     assert client.post("/v1/events", json=body).status_code == 413
 
 
-def test_a_full_store_refuses_with_429_and_keeps_what_it_has(served: Served, location: tuple[str, str]) -> None:
-    with _client(served, location, events_max=3) as client:
-        statuses = [client.post("/v1/events", json=event("u1", f"i{k}")).status_code for k in range(5)]
-        assert statuses == [202, 202, 202, 429, 429]
-        assert client.post("/v1/events", json=event("u1", "i9")).json()["error"] == "EventsFull"
-    reader, store = open_stores(location[0], location[1], 1.0, 2, 3600.0, 3)
+def stored_items(location: tuple[str, str]) -> list[str]:
+    """Return the item ids of today's events the store holds (what `nightscore events export` would write)."""
+    reader, store = open_stores(location[0], location[1], 1.0, 2, 3600.0, 1000)
 
     async def today() -> list[str]:
-        events = await store.day(date.today())
+        events = await store.day(datetime.now(UTC).date())
         await store.close()
         await reader.close()
         return [e.item_id for e in events]
 
-    assert asyncio.run(today()) == ["i0", "i1", "i2"]  # nothing silently dropped or replaced
+    return asyncio.run(today())
+
+
+def test_a_full_store_refuses_with_429_and_keeps_what_it_has(served: Served, location: tuple[str, str]) -> None:
+    items = served.item_ids[:5]
+    with _client(served, location, events_max=3) as client:
+        statuses = [client.post("/v1/events", json=event("u1", item)).status_code for item in items]
+        assert statuses == [202, 202, 202, 429, 429]
+        assert client.post("/v1/events", json=event("u1", items[4])).json()["error"] == "EventsFull"
+    assert stored_items(location) == items[:3]  # nothing silently dropped or replaced
+
+
+def dropped_count(client: TestClient, reason: str) -> float:
+    """Return nightscore_events_dropped_total of a reason from /metrics (0 before the first)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f'nightscore_events_dropped_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_events_of_unknown_items_are_dropped_counted_and_never_stored(
+    client: TestClient, served: Served, location: tuple[str, str]
+) -> None:
+    fake = [f"new-item-{k}" for k in range(30)]
+    answers = [client.post("/v1/events", json=event(f"fake-user-{k % 6}", item)) for k, item in enumerate(fake)]
+    assert {(a.status_code, a.json()["status"], a.json()["reason"]) for a in answers} == {(202, "dropped", "unknown_item")}
+    known = client.post("/v1/events", json=event("user-00001", served.item_ids[0]))
+    assert known.status_code == 202 and known.json() == {"status": "accepted"}
+    assert dropped_count(client, "unknown_item") == 30
+    assert stored_items(location) == [served.item_ids[0]]
+
+
+def test_an_exact_duplicate_is_stored_once(client: TestClient, served: Served, location: tuple[str, str]) -> None:
+    body = event("user-00002", served.item_ids[1])
+    first, again = client.post("/v1/events", json=body), client.post("/v1/events", json=body)
+    assert first.json() == {"status": "accepted"} and again.json() == {"status": "dropped", "reason": "duplicate"}
+    later = client.post("/v1/events", json=body | {"event": "purchase"})  # another kind of event is another event
+    assert later.json() == {"status": "accepted"} and dropped_count(client, "duplicate") == 1
+    assert stored_items(location) == [served.item_ids[1]] * 2
+
+
+@pytest.mark.parametrize("ts", ["NaN", "Infinity", "-Infinity", "1e300"])
+def test_a_non_finite_ts_is_422_not_500(client: TestClient, ts: str) -> None:
+    raw = '{"user_id": "u1", "item_id": "item-000001", "event": "click", "ts": TS}'.replace("TS", ts)
+    response = client.post("/v1/events", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert [e["loc"] for e in response.json()["detail"]] == [["body", "ts"]]
+
+
+@pytest.mark.parametrize("ts", ["1970-01-01T00:00:00Z", "0", (datetime.now(UTC) - timedelta(days=2)).isoformat()])
+def test_an_event_older_than_the_max_age_is_422(client: TestClient, served: Served, ts: str) -> None:
+    body = {"user_id": "u1", "item_id": served.item_ids[0], "event": "click", "ts": ts}
+    response = client.post("/v1/events", json=body)
+    assert response.status_code == 422 and "in the past" in response.json()["detail"][0]["msg"]
+
+
+def test_a_bad_id_is_never_echoed_back_in_full(client: TestClient) -> None:
+    long_id = "x" * 3000 + "\n"
+    response = client.post("/v1/events", json=event(long_id, "item-000001"))
+    assert response.status_code == 422 and len(response.text) < 600, response.text
+    path = client.get("/v1/users/" + "u" * 10_000 + "/recommendations")
+    assert path.status_code == 422 and len(path.text) < 600 and "u" * 100 not in path.text
 
 
 def test_exclusion_can_be_turned_off(served: Served, location: tuple[str, str]) -> None:

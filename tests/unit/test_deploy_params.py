@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import threading
 from datetime import date
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -16,7 +17,7 @@ from core.settings import OpsSettings, Settings
 from deployments.definitions import QUEUE_PRIORITIES, deployment_specs
 from deployments.trigger import default_idempotency_key
 from flows.params import BackfillParams, NightlyParams, OnDemandParams
-from tasks.callback import completion_payload, post_json
+from tasks.callback import UnsafeCallback, callback_addresses, check_callback_url, completion_payload, pinned_request, post_json
 from tasks.report_page import cost, summary_markdown, timing_rows
 from tests.helpers import published
 
@@ -200,3 +201,100 @@ def test_report_cost_and_markdown() -> None:
     text = summary_markdown(summary, {"items_uri": "i", "interactions_uri": "x"}, settings, plots)
     assert "items `/lake/docs/index.html`" in text and "file://" not in text and "![Topics](data:image/png;base64,AA)" in text
     assert [r["share"] for r in timing_rows(summary.stage_seconds)] == ["90.0%", "10.0%"]
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[::127.0.0.1]",  # IPv4-compatible loopback
+        "[::a9fe:a9fe]",  # IPv4-compatible metadata address
+        "[64:ff9b::7f00:1]",  # NAT64 of 127.0.0.1
+        "[64:ff9b::169.254.169.254]",  # NAT64 of the metadata address
+        "[64:ff9b:1::808:808]",  # local-use NAT64: inside by definition
+        "[2002:7f00:1::]",  # 6to4 of 127.0.0.1
+        "[2002:a9fe:a9fe::1]",  # 6to4 of the metadata address
+        "[::ffff:10.0.0.1]",  # IPv4-mapped
+        "[0:0::1]",
+    ],
+)
+def test_ipv6_forms_that_carry_an_internal_ipv4_address_are_refused(host: str) -> None:
+    with pytest.raises(UnsafeCallback, match="loopback, link-local or private"):
+        check_callback_url(f"http://{host}/cb", allow_private=False)
+    with pytest.raises(pydantic.ValidationError):
+        NightlyParams(callback_url=f"http://{host}/cb")
+    from prefect.utilities.schema_tools.validation import validate
+
+    from flows.on_demand import on_demand
+
+    assert validate({"params": {"callback_url": f"http://{host}/cb"}}, flow_schema(on_demand)), host
+
+
+@pytest.mark.parametrize("host", ["[64:ff9b::808:808]", "[2002:808:808::1]", "[2606:4700::1111]"])
+def test_ipv6_forms_that_carry_a_public_ipv4_address_pass_the_worker_check(host: str) -> None:
+    assert check_callback_url(f"http://{host}/cb", allow_private=False)
+
+
+def test_a_name_that_does_not_resolve_is_refused() -> None:
+    def nowhere(*_args: Any, **_kwargs: Any) -> list[Any]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    with pytest.raises(UnsafeCallback, match="does not resolve"):
+        callback_addresses("https://hooks.invalid/cb", allow_private=False, resolver=nowhere)
+    assert post_json("https://hooks.invalid/cb", {"x": 1}, attempts=1, resolver=nowhere) is False
+
+
+PUBLIC = "198.51.100.7"  # stands for the name's public address; TEST-NET-2, so nothing answers there
+
+
+def test_a_rebinding_resolver_never_reaches_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name answers a public address to the check and loopback afterwards: the POST must go to the checked one."""
+    server = HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Flaky.bodies.clear()
+    real, asked = socket.getaddrinfo, []
+
+    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != "rebind.example":
+            return real(host, port, *args, **kwargs)
+        asked.append(host)
+        address = PUBLIC if len(asked) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)  # what httpx would resolve with, too
+    monkeypatch.setattr("tasks.callback.is_internal", lambda a: str(a) != PUBLIC and not a.is_global)
+    try:
+        url = f"http://rebind.example:{server.server_port}/cb"
+        assert post_json(url, {"x": 1}, attempts=3, backoff_s=0.01, timeout_s=0.5, resolver=rebinding) is False
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Flaky.bodies == [] and asked == ["rebind.example"]  # resolved once; loopback never reached
+
+
+def test_a_pinned_request_keeps_the_host_header_and_the_tls_name() -> None:
+    pinned = pinned_request("https://user:pw@Hooks.Example.com:8443/cb?x=1", ipaddress.ip_address("2606:4700::1111"))
+    assert pinned.url == "https://user:pw@[2606:4700::1111]:8443/cb?x=1"
+    assert pinned.headers == {"Host": "hooks.example.com:8443"} and pinned.extensions == {"sni_hostname": "hooks.example.com"}
+    plain = pinned_request("http://hooks.example.com/cb", ipaddress.ip_address("93.184.216.34"))
+    assert plain.url == "http://93.184.216.34/cb" and plain.headers == {"Host": "hooks.example.com"} and plain.extensions == {}
+
+
+def test_the_attempts_take_the_checked_addresses_in_turn() -> None:
+    """A name with an address that does not answer first: the retry goes to its next address, not the same one."""
+    server = HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Flaky.bodies.clear()
+    _Flaky.failures = 0
+
+    def two_addresses(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in (PUBLIC, "127.0.0.1")]
+
+    try:
+        url = f"http://hooks.example:{server.server_port}/cb"
+        assert post_json(url, {"x": 3}, attempts=2, backoff_s=0.01, timeout_s=0.5, allow_private=True, resolver=two_addresses)
+        assert _Flaky.bodies == [{"x": 3}]
+    finally:
+        server.shutdown()
+        server.server_close()
+        _Flaky.failures = 2
+        _Flaky.bodies.clear()
