@@ -35,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.settings import EncoderSettings
 from models.encoder.backends.registry import BACKENDS, unavailable_reason
 from models.encoder.device import CPU_FLAGS, configure_threads, cpu_model_and_flags, resolve_device
-from models.encoder.engine import encode_texts, run_batches
+from models.encoder.engine import encode_texts, encode_tokens, run_batches, warm_up
 from models.encoder.files import model_dir
 from models.encoder.loader import load_encoder
+from models.encoder.phases import PHASES, PhaseTimer
 from models.encoder.precision import Fidelity, FidelityRefused, fidelity, floor_for
 from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
+from models.encoder.tokens import PackedBatch
 
 log = logging.getLogger("bench")
 ALL_MODES = [
@@ -51,9 +53,13 @@ ALL_MODES = [
     "ray_data",
     "engine_modes",
     "engine",
+    "pretokenized",
+    "host",
     "ceiling",
     "ceiling_packed",
 ]
+ST_SEARCH_SIZES = 3  # sentence-transformers' batch search tries at most this many sizes ...
+ST_SEARCH_TEXTS = 10_000  # ... on at most this many texts (six sizes on 50k texts cost minutes of a GPU host)
 CEILING_STEP = 16  # the whole-text ceiling times row lengths every this many tokens
 CEILING_TOKENS = 8192  # and at least this many tokens per length
 ST_ENV_ROWS = ("st_onnx", "st_onnx_int8", "st_openvino")
@@ -86,7 +92,7 @@ def load_texts(path: str | None, n: int) -> list[str]:
     if path:
         import pyarrow.parquet as pq  # not polars: GPU hosts may lack it
 
-        texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_list() if t]
+        texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t]
     else:
         from data_contracts.inputs import item_text_expr
         from nightscore.demo import generate_items
@@ -191,6 +197,86 @@ def run_engine(encoder: TextEncoder, texts: list[str]) -> Result:
     )
 
 
+class NullBackend:
+    """A packed backend whose model does nothing: the host side of the engine alone (tokenize, plan, collate, copies,
+    pooling), at the rate the host can feed a device."""
+
+    name, precision, length_multiple, streams, packed, shape_sensitive = "null", "fp32", 1, 1, True, False
+    version = "no-op model"
+
+    def __init__(self, device: torch.device, width: int) -> None:
+        self.device = device
+        self._zero = torch.zeros(1, width, device=device)
+
+    def packed_hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """Return zeros [tokens, width] (a broadcast view: no work) for a batch already on the device."""
+        return self._zero.expand(batch.tokens, -1)
+
+    def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Return zeros [rows, length, width] (a broadcast view)."""
+        return self._zero.expand(input_ids.shape[0] * input_ids.shape[1], -1).view(*input_ids.shape, -1)
+
+    def warm_up(self, input_ids: np.ndarray, mask: np.ndarray) -> None:
+        """Nothing to warm."""
+
+
+def host_encoder(auto: TextEncoder) -> TextEncoder:
+    """Return auto's tokenizer, budget and tokenizer threads around the no-op model."""
+    backend = NullBackend(auto.device, auto.dim)
+    return TextEncoder(
+        auto.info,
+        auto.tokenizer,
+        backend,
+        auto.device,
+        auto.token_budget,
+        tokenizer_threads=auto.tokenizers.threads,
+    )
+
+
+def run_host(encoder: TextEncoder, texts: list[str]) -> Result:
+    """The engine around the no-op model: its vectors are zeros, so none are kept (no fidelity, no model FLOPs)."""
+    result = run_engine(encoder, texts)
+    result.embeddings, result.extra["no_model"] = None, 1.0
+    return result
+
+
+def run_pretokenized(encoder: TextEncoder, texts: list[str]) -> Result:
+    """The engine on texts tokenized before the clock starts: planning, collation, copies, the model and pooling."""
+    tokens = encoder.tokenize_packed(texts)
+    vectors, stats = encode_tokens(encoder, tokens)
+    _sync(encoder.device)
+    return Result(
+        stats.seconds, stats.texts, stats.real_tokens, stats.padded_tokens, vectors, precision=encoder.backend.precision
+    )
+
+
+def breakdown(encoder: TextEncoder, texts: list[str], pretokenized: bool = False) -> dict[str, float]:
+    """Return one profiled pass's seconds per phase (the device synchronised at each phase's end) and its wall time."""
+    timer = PhaseTimer(encoder.device)
+    _sync(encoder.device)
+    started = time.perf_counter()
+    if pretokenized:
+        encode_tokens(encoder, encoder.tokenize_packed(texts), timer=timer)
+    else:
+        encode_texts(encoder, texts, timer=timer)
+    _sync(encoder.device)
+    wall = time.perf_counter() - started
+    return {**timer.breakdown(wall), "wall": wall}
+
+
+def render_breakdowns(rows: dict[str, dict[str, float]]) -> str:
+    """Return the table of where each row's pass went: seconds per phase and its share of the pass."""
+    phases = [*PHASES, "other"]
+    short = {"host_to_device": "h2d", "device_to_host": "d2h", "collate": "collate*"}
+    head = f"{'row':<30}{'wall s':>8}" + "".join(f"{short.get(name, name):>13}" for name in phases)
+    lines = [head, "-" * len(head)]
+    for row, parts in rows.items():
+        wall = max(parts["wall"], 1e-9)
+        cells = "".join(f"{parts.get(name, 0.0):>6.2f}s {100 * parts.get(name, 0.0) / wall:>3.0f}%" for name in phases)
+        lines.append(f"{row:<30}{parts['wall']:>8.2f}{cells}")
+    return "\n".join(lines)
+
+
 def run_ceiling(encoder: TextEncoder, texts: list[str]) -> Result:
     """The same mode with no padding and every text whole: each text's tokens charged at its own length's rate.
 
@@ -283,8 +369,9 @@ def make_st_torch(
         )
 
     def run(texts: list[str]) -> Result:
-        if len(batch_sizes) > 1 and len(texts) == len(lengths) and "searched" not in chosen:
-            chosen.update(batch=_best_batch(once, texts, batch_sizes), searched=1)
+        if len(batch_sizes) > 1 and "searched" not in chosen:  # the first call: the untimed warm-up pass
+            searched = _best_batch(once, texts[:ST_SEARCH_TEXTS], batch_sizes[:ST_SEARCH_SIZES])
+            chosen.update(batch=searched, searched=1)
         result = once(texts, int(chosen["batch"]))
         result.note = f"batch_size {chosen['batch']}"
         return result
@@ -382,6 +469,19 @@ def engine_encoders(
                 encoders[row] = load_encoder(spec)
             except FidelityRefused as exc:
                 notes[row] = f"refused: {exc}"
+    for compile_mode in filter(None, (args.compile_modes or "").split(",")):  # CUDA switches, measured here
+        for precision in ("bf16", "fp16") if device.type == "cuda" else ():
+            spec = EncoderSpec(
+                device=str(device),
+                precision=precision,
+                backend="torch-packed",
+                num_threads=threads,
+                model_path=args.model_dir,
+                cache_dir=cache,
+                token_budget=budget,
+                compile_mode=compile_mode,
+            )
+            encoders[f"engine[torch-packed/{precision}+compile:{compile_mode}]"] = load_encoder(spec)
     return encoders, notes
 
 
@@ -506,7 +606,7 @@ def render(results: dict[str, Result], corpus_flops: float, corpus_tokens: int, 
         if r.seconds <= 0:
             lines.append(f"{mode:<26}{'-':>9}{'-':>11}{'-':>8}{'-':>9}{'-':>9}{'-':>10}{'-':>9}{'-':>7}  {r.note}")
             continue
-        gflops = corpus_flops * r.real_tokens / corpus_tokens / r.seconds / 1e9
+        gflops = 0.0 if r.extra.get("no_model") else corpus_flops * r.real_tokens / corpus_tokens / r.seconds / 1e9
         fid = r.fidelity
         cos = f"{fid.min:>9.5f}{fid.p1:>9.5f}{fid.mean:>10.6f}" if fid else f"{'-':>9}{'-':>9}{'-':>10}"
         lines.append(
@@ -579,9 +679,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated rows left out, e.g. engine[torch/int8] where a CPU without VNNI runs it at 100 tok/s",
     )
     parser.add_argument(
+        "--compile-modes",
+        default="",
+        help="CUDA: torch.compile modes timed as extra torch-packed rows (e.g. default,reduce-overhead; none by default)",
+    )
+    parser.add_argument(
         "--st-batch-sizes",
         default=None,
-        help="ST batch sizes tried in order (default 32 on CPU; 32..1024 on CUDA: raised until it stops getting faster)",
+        help="ST batch sizes tried in order (default 32 on CPU; 256,512,1024 on CUDA: raised until it stops getting "
+        f"faster, at most {ST_SEARCH_SIZES} sizes on the first {ST_SEARCH_TEXTS:,} texts)",
     )
     return parser.parse_args(argv)
 
@@ -594,8 +700,10 @@ def build_runners(
     lengths: np.ndarray,
     threads: int,
     st_env: StEnv | None,
+    engines: dict[str, TextEncoder],
 ) -> tuple[dict[str, Callable[[list[str]], Result]], dict[str, str]]:
-    """Return (mode -> runner, mode -> note) for the modes asked for, in table order."""
+    """Return (mode -> runner, mode -> note) for the modes asked for, in table order; `engines` gets the encoder of
+    every row the engine runs (their shapes are warmed before timing, their time broken down after)."""
     modes, notes = args.modes.split(","), {}
     runners: dict[str, Callable[[list[str]], Result]] = {}
     path = model_dir(args.model_dir)
@@ -625,10 +733,20 @@ def build_runners(
             notes["ray_data"] = f"steady state; Ray start-up {startup:.1f}s apart"
     if "engine_modes" in modes:
         for row, enc in pinned.items():
-            runners[row] = functools.partial(run_engine, enc)
+            runners[row], engines[row] = functools.partial(run_engine, enc), enc
     if "engine" in modes:
-        runners["engine"] = lambda t: run_engine(auto, t)
+        runners["engine"], engines["engine"] = (lambda t: run_engine(auto, t)), auto
         notes["engine"] = f"auto -> {auto.mode.label}"
+    if "pretokenized" in modes:
+        runners["pretokenized"], engines["pretokenized"] = (lambda t: run_pretokenized(auto, t)), auto
+        notes["pretokenized"] = f"{auto.mode.label} on texts tokenized before the clock: the device side, warm"
+    if "host" in modes:
+        host = host_encoder(auto)
+        runners["host"], engines["host"] = functools.partial(run_host, host), host
+        notes["host"] = (
+            f"no-op model: tokenize ({host.tokenizers.threads} tokenizer threads), plan, collate, copies, pooling "
+            f"on {os.cpu_count()} cores"
+        )
     if "ceiling" in modes:
         runners["ceiling"] = lambda t: run_ceiling(auto, t)
         notes["ceiling"] = f"no padding, texts whole: full batches timed per row length in {auto.mode.label}"
@@ -652,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     threads = configure_threads(args.threads)
     device = resolve_device(args.device)
-    args.st_batch_sizes = args.st_batch_sizes or ("32,64,128,256,512,1024" if device.type == "cuda" else "32")
+    args.st_batch_sizes = args.st_batch_sizes or ("256,512,1024" if device.type == "cuda" else "32")
     texts = load_texts(args.texts, args.n)
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         cache = args.cache_dir or tmp
@@ -674,14 +792,19 @@ def main(argv: list[str] | None = None) -> int:
         use_st_env = "st_env" in args.modes.split(",") and device.type == "cpu" and args.st_python != "none"
         st_env = StEnv(args, texts, lengths, threads, Path(tmp)) if use_st_env else None
         try:
-            runners, notes = build_runners(args, reference, auto, pinned, lengths, threads, st_env)
+            engines: dict[str, TextEncoder] = {}
+            runners, notes = build_runners(args, reference, auto, pinned, lengths, threads, st_env, engines)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
+            for row, encoder in engines.items():  # every batch shape of the corpus once, untimed
+                warmed = warm_up(encoder, texts)
+                log.info("warm-up %-24s %d batch shapes", row, warmed)
             results = measure_ray_apart(runners, texts, args.repeats, args.warmup)
+            profiles = {row: breakdown(encoder, texts, row == "pretokenized") for row, encoder in engines.items()}
         finally:
             if st_env is not None:
                 st_env.close()
-        report(args, results, {**notes, **pinned_notes}, reference, auto, texts, lengths, device, threads)
+        report(args, results, {**notes, **pinned_notes}, reference, auto, texts, lengths, device, threads, profiles)
     return 0
 
 
@@ -709,8 +832,9 @@ def report(
     lengths: np.ndarray,
     device: torch.device,
     threads: int,
+    profiles: dict[str, dict[str, float]],
 ) -> None:
-    """Print the header, the table, calibration and targets; write the JSON when asked."""
+    """Print the header, the table, the breakdowns, calibration and targets; write the JSON when asked."""
     for mode, note in notes.items():
         results.setdefault(mode, Result(0.0, 0, 0, 0))
         results[mode].note = (results[mode].note + "; " if results[mode].note else "") + note
@@ -749,9 +873,17 @@ def report(
     print(render(ordered, float(flops_per_text(lengths, model_shape(model_dir(args.model_dir))).sum()), int(lengths.sum()), mm))
     if device.type == "cuda":
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
-    print("\n" + "\n".join(target_lines(results, floor, best)))
+    if profiles:
+        print(
+            "\nwhere the time goes: one profiled pass per row, the device synchronised at every phase's end "
+            "(* collate runs in its own thread, on the critical path only as idle; with several streams, phases overlap "
+            "and idle is the wait for them):"
+        )
+        print(render_breakdowns(profiles))
+    feed = host_lines(results, device)
+    print("\n" + "\n".join([*feed, *target_lines(results, floor, best)]))
     if args.json:
-        _write_json(Path(args.json), ordered, best, floor, auto, target_lines(results, floor, best))
+        _write_json(Path(args.json), ordered, best, floor, auto, [*feed, *target_lines(results, floor, best)], profiles)
 
 
 def _row_order(mode: str) -> tuple[int, str]:
@@ -761,8 +893,30 @@ def _row_order(mode: str) -> tuple[int, str]:
     return (len(order) + 1 if mode.startswith("engine[") else len(order) + 2 if mode == "engine" else len(order) + 3), mode
 
 
+def host_lines(results: dict[str, Result], device: torch.device) -> list[str]:
+    """Return what the host-side row says: tokens/s the host feeds, per core, and the cores the device side needs."""
+    host = results.get("host")
+    if host is None or host.seconds <= 0:
+        return []
+    cores = os.cpu_count() or 1
+    per_core = host.tokens_per_s / cores
+    lines = [f"{'host side (no-op model)':<66} {host.tokens_per_s:,.0f} tok/s, {per_core:,.0f} tok/s per core ({cores} cores)"]
+    device_side = results.get("pretokenized")
+    if device_side is not None and device_side.seconds > 0:
+        need = device_side.tokens_per_s / max(per_core, 1e-9)
+        rate = f"{device} at {device_side.tokens_per_s:,.0f} tok/s"
+        lines.append(f"{'cores to feed the device side at its pre-tokenized rate':<66} {need:6.1f}  ({rate})")
+    return lines
+
+
 def _write_json(
-    path: Path, results: dict[str, Result], best: str | None, floor: float, auto: TextEncoder, targets: list[str]
+    path: Path,
+    results: dict[str, Result],
+    best: str | None,
+    floor: float,
+    auto: TextEncoder,
+    targets: list[str],
+    profiles: dict[str, dict[str, float]],
 ) -> None:
     rows: dict[str, Any] = {
         m: {
@@ -778,7 +932,7 @@ def _write_json(
     }
     if best:
         rows["sentence_transformers_best"] = {**rows[best], "row": best, "floor": floor}
-    rows["_meta"] = {"cpu": cpu_flags(), "auto": auto.mode_record(), "targets": targets}
+    rows["_meta"] = {"cpu": cpu_flags(), "auto": auto.mode_record(), "targets": targets, "breakdown_s": profiles}
     path.write_text(json.dumps(rows, indent=2, default=str))
 
 

@@ -37,6 +37,24 @@ def plan_batches(lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
     return batches
 
 
+def plan_packed(lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
+    """Return padding-free batches of row indices, each with real tokens <= token_budget (a longer row alone).
+
+    Rows are still taken longest first: attention runs per row, and rows of similar length keep its work (and the
+    CPU's padded attention grid) small.
+    """
+    order = length_order(lengths)
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64)[order])
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, before + token_budget, side="right")), start + 1)
+        batches.append(order[start:stop])
+        start = stop
+    return batches
+
+
 def assign_shards(lengths: np.ndarray, boundaries: list[int], shard_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Return (bucket, shard) per row: rows grouped by length bucket, each bucket cut into shards.
 

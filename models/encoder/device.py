@@ -28,6 +28,14 @@ def configure_threads(num_threads: int | None) -> int:
     return threads
 
 
+def tokenizer_threads(setting: int | None, device: torch.device) -> int:
+    """Return the tokenizer instances to run: the setting, else 1 on CPU (the model needs the cores) and every core
+    up to 16 on CUDA (the host's only job there is feeding the GPU)."""
+    if setting:
+        return setting
+    return min(os.cpu_count() or 1, 16) if device.type == "cuda" else 1
+
+
 def default_token_budget(device: torch.device) -> int:
     """Return the token budget used when neither the spec nor a calibration gives one."""
     return 65536 if device.type == "cuda" else 2048

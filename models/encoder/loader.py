@@ -22,8 +22,8 @@ from models.encoder.backends.openvino_int8.search import QuantizationFailed
 from models.encoder.backends.registry import load_backend
 from models.encoder.calibration import calibration_texts, run_calibration
 from models.encoder.calibration_store import calibration_file, persist, read_persisted
-from models.encoder.device import configure_threads, default_token_budget, resolve_device
-from models.encoder.engine import encode_texts
+from models.encoder.device import configure_threads, default_token_budget, resolve_device, tokenizer_threads
+from models.encoder.engine import encode_texts, warm_up
 from models.encoder.files import load_module, load_tokenizer, model_info
 from models.encoder.precision import PROBE_TEXTS, FidelityRefused, floor_for, require_floor
 from models.encoder.spec import Calibration, EncoderSpec, Mode
@@ -82,6 +82,7 @@ def backend_request(
         int8_min_speedup=INT8_MIN_SPEEDUP if int8 and spec.precision == "auto" else 0.0,
         refuse_slow_kernels=spec.precision == "auto",
         streams=streams,
+        compile_mode=spec.compile_mode,
     )
 
 
@@ -107,7 +108,8 @@ def mode_loader(
         request = backend_request(spec, info, module, mode.precision, device, threads, tokenizer, mode.streams)
         backend = load_backend(mode.backend, request)
         backend.length_multiple = mode.length_multiple
-        return TextEncoder(info, tokenizer, backend, device, mode.token_budget)
+        threads_here = tokenizer_threads(spec.tokenizer_threads, device)
+        return TextEncoder(info, tokenizer, backend, device, mode.token_budget, tokenizer_threads=threads_here)
 
     return load
 
@@ -265,7 +267,7 @@ def expected_encode_seconds(spec: EncoderSpec, device: torch.device, tokens: int
         return 0.0
     encoder = get_encoder(spec.pinned(default_mode(spec, device)))  # the run reuses it when it encodes in this mode
     texts = calibration_texts(encoder.tokenizer, encoder.max_length, encoder.token_budget)
-    encode_texts(encoder, texts[: max(len(texts) // 4, 1)])  # warm-up: first-use costs are not the run's rate
+    warm_up(encoder, texts)  # every batch shape once: first-use costs are not the run's rate
     _, stats = encode_texts(encoder, texts)
     return tokens / max(stats.real_tokens / max(stats.seconds, 1e-9), 1e-9)
 

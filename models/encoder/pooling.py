@@ -26,7 +26,12 @@ def pool(hidden: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray, mod
     """
     if isinstance(hidden, np.ndarray):
         return pool_numpy(hidden, np.asarray(mask), mode, normalize)
-    states = torch.as_tensor(hidden).float()
+    return pool_tensor(hidden, torch.as_tensor(mask), mode, normalize).cpu().numpy().astype(np.float32, copy=False)
+
+
+def pool_tensor(hidden: torch.Tensor, mask: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
+    """Return float32 sentence vectors [rows, width] of one padded batch, on the hidden states' device."""
+    states = hidden.float()
     weights = torch.as_tensor(mask).to(states.device)
     if weights.shape[1] != states.shape[1]:  # a backend that trims trailing padding returns fewer positions
         weights = weights[:, : states.shape[1]]
@@ -40,7 +45,31 @@ def pool(hidden: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray, mod
         raise ValueError(f"unknown pooling mode {mode!r}")
     if normalize:
         vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-    return vectors.cpu().numpy().astype(np.float32, copy=False)
+    return vectors
+
+
+def pool_packed(
+    hidden: torch.Tensor, segments: torch.Tensor, offsets: torch.Tensor, rows: int, mode: str, normalize: bool
+) -> torch.Tensor:
+    """Return float32 sentence vectors [rows, width] of one packed batch (hidden [tokens, width]), on its device.
+
+    Mean pooling is one segment-sum (index_add_ by each token's row) over the row lengths: no padding to mask.
+    """
+    states = hidden.float()
+    index = segments.long()
+    if mode == "mean":
+        lengths = (offsets[1:] - offsets[:-1]).to(states.dtype).clamp(min=1)
+        vectors = states.new_zeros(rows, states.shape[1]).index_add_(0, index, states) / lengths[:, None]
+    elif mode == "cls":
+        vectors = states[offsets[:-1].long()]
+    elif mode == "max":
+        spread = index[:, None].expand_as(states)
+        vectors = states.new_empty(rows, states.shape[1]).scatter_reduce_(0, spread, states, "amax", include_self=False)
+    else:
+        raise ValueError(f"unknown pooling mode {mode!r}")
+    if normalize:
+        vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+    return vectors
 
 
 def pool_numpy(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np.ndarray:

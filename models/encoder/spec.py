@@ -40,7 +40,7 @@ class EncoderSpec:
     model_path: str | None = _DEFAULTS.model  # a local folder in sentence-transformers layout (default: the packaged MiniLM)
     device: str = _DEFAULTS.device
     precision: str = _DEFAULTS.precision  # auto | fp32 | bf16 | fp16 | int8
-    backend: str = _DEFAULTS.backend  # auto | torch | openvino | onnxruntime
+    backend: str = _DEFAULTS.backend  # auto | torch | torch-packed | openvino | onnxruntime
     max_seq_length: int = _DEFAULTS.max_seq_length  # a cap: the model's own max_seq_length applies when lower
     num_threads: int | None = _DEFAULTS.num_threads
     cache_dir: str | None = None  # conversions and calibrations; auto calibrates only when one is given
@@ -53,6 +53,8 @@ class EncoderSpec:
     calibrate_when_encode_s: float = _DEFAULTS.calibrate_when_encode_s  # a shorter run does not wait for a calibration
     length_multiple: int = 1  # pinned modes: pad batch lengths to a multiple (resolve_mode carries auto's choice)
     streams: int = _DEFAULTS.streams  # pinned modes: batches run at once where the backend can (OpenVINO CPU streams)
+    tokenizer_threads: int | None = _DEFAULTS.tokenizer_threads  # None: 1 on CPU, every core up to 16 on CUDA
+    compile_mode: str = _DEFAULTS.compile_mode  # CUDA: torch.compile mode of torch-packed (none: eager)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EncoderSpec:
@@ -74,6 +76,8 @@ class EncoderSpec:
             recalibrate=options.recalibrate,
             calibrate_when_encode_s=options.calibrate_when_encode_s,
             streams=options.streams,
+            tokenizer_threads=options.tokenizer_threads,
+            compile_mode=options.compile_mode,
         )
 
     def pinned(self, mode: Mode) -> EncoderSpec:

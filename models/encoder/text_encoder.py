@@ -1,4 +1,8 @@
-"""The text encoder: a tokenizer and one loaded backend, embedding token-id batches into pooled float32 vectors."""
+"""The text encoder: a tokenizer and one loaded backend, embedding token-id batches into pooled float32 vectors.
+
+A batch is padded (input_ids, attention_mask) for most backends, or packed (`PackedBatch`: tokens back to back,
+no padding) for a backend that says `packed`; `collate_rows` builds the one its backend takes.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from tokenizers import Tokenizer
 
 from models.encoder.backends.base import Backend
 from models.encoder.files import pad_id
-from models.encoder.pooling import pool
+from models.encoder.phases import NO_TIMER, PhaseTimer
+from models.encoder.pooling import pool_numpy, pool_packed, pool_tensor
 from models.encoder.precision import (
     PROBE_TEXTS,
     Fidelity,
@@ -19,6 +24,9 @@ from models.encoder.precision import (
 )
 from models.encoder.spec import Calibration, Mode
 from models.encoder.st_layout import ModelInfo
+from models.encoder.tokens import PackedBatch, TokenizedTexts, TokenizerPool, pack_rows, pad_rows
+
+Batch = tuple[torch.Tensor, torch.Tensor] | PackedBatch  # padded (input_ids, attention_mask), or packed
 
 
 class TextEncoder:
@@ -32,6 +40,7 @@ class TextEncoder:
         device: torch.device,
         token_budget: int,
         calibration: Calibration | None = None,
+        tokenizer_threads: int = 1,
     ) -> None:
         self.info = info
         self.tokenizer = tokenizer
@@ -42,6 +51,8 @@ class TextEncoder:
         self.token_budget = token_budget
         self.calibration = calibration
         self.pad_id = pad_id(tokenizer)
+        self.tokenizers = TokenizerPool(tokenizer, self.max_length, tokenizer_threads)
+        self.warmed: set[tuple[int, ...]] = set()  # batch shapes already run once (engine.warm_up skips them)
         self.fidelity = Fidelity(1.0, 1.0, 1.0)  # to torch fp32 on the probe texts (measured unless torch fp32)
         self.load_seconds = 0.0
         self.version = vector_version(info, Mode(backend.name, backend.precision, token_budget, backend.length_multiple))
@@ -55,43 +66,82 @@ class TextEncoder:
         return Mode(backend.name, backend.precision, self.token_budget, backend.length_multiple, backend.streams)
 
     @property
+    def packed(self) -> bool:
+        """Return whether the backend takes packed batches (tokens back to back, no padding)."""
+        return bool(getattr(self.backend, "packed", False))
+
+    @property
     def model(self) -> torch.nn.Module:
         """Return the torch module of a torch backend (benchmarks and tests use it)."""
         return self.backend.model  # type: ignore[attr-defined]
 
     def tokenize(self, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
         """Return (token ids truncated to max_length, untruncated lengths) for each text."""
-        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets: ~15% faster
-        encodings = encode(texts, add_special_tokens=True)
-        full = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-        limit = self.max_length
-        ids = [e.ids if len(e.ids) <= limit else e.ids[: limit - 1] + e.ids[-1:] for e in encodings]
-        return ids, full
+        tokens = self.tokenize_packed(texts)
+        return [tokens.row(i) for i in range(len(tokens))], tokens.full_lengths
+
+    def tokenize_packed(self, texts: list[str]) -> TokenizedTexts:
+        """Return the texts' ids token-major (int32, back to back, truncated to max_length) from the tokenizer pool."""
+        return self.tokenizers.encode(texts)
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """Return embeddings of a few texts in one batch (for probes; runs use the engine)."""
-        ids, _ = self.tokenize(texts)
-        return self.embed(*self.collate(ids))
+        tokens = self.tokenize_packed(texts)
+        return self.embed_batch(self.collate_rows(tokens, np.arange(len(texts))))
 
     def collate(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (input_ids, attention_mask) padded to the batch's longest row, rounded up to the backend's multiple."""
+        tokens = TokenizedTexts.from_lists(batch)
+        return pad_rows(tokens, np.arange(len(batch)), self.pad_id, self.backend.length_multiple)
+
+    def collate_rows(self, tokens: TokenizedTexts, rows: np.ndarray, pin: bool = False) -> Batch:
+        """Return the batch of these rows the backend takes: packed, or padded to the longest (rounded to its multiple);
+        in pinned memory when asked (CUDA: the copy to the device is then asynchronous)."""
+        if self.packed:
+            return pack_rows(tokens, rows, pin)
+        return pad_rows(tokens, rows, self.pad_id, self.backend.length_multiple, pin)
+
+    def slots(self, tokens: TokenizedTexts, rows: np.ndarray) -> int:
+        """Return the token slots the batch of these rows computes: its real tokens when packed, else rows x length."""
+        lengths = tokens.lengths[rows]
+        if self.packed:
+            return int(lengths.sum())
         multiple = self.backend.length_multiple
-        longest = max(len(ids) for ids in batch)
-        longest = -(-longest // multiple) * multiple
-        input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
-        for row, ids in enumerate(batch):
-            input_ids[row, : len(ids)] = ids
-            mask[row, : len(ids)] = 1
-        return torch.from_numpy(input_ids), torch.from_numpy(mask)
+        return len(rows) * -(-int(lengths.max()) // multiple) * multiple
 
     def embed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
         """Return float32 sentence vectors of one padded batch (pooling and normalisation in fp32)."""
+        return self.embed_batch((input_ids, mask))
+
+    def embed_batch(self, batch: Batch, timer: PhaseTimer = NO_TIMER) -> np.ndarray:
+        """Return float32 sentence vectors of one collated batch, on the host."""
+        vectors = self.vectors(batch, timer)
+        with timer.phase("device_to_host"):
+            return host_array(vectors)
+
+    def vectors(self, batch: Batch, timer: PhaseTimer = NO_TIMER) -> torch.Tensor | np.ndarray:
+        """Return float32 sentence vectors [rows, dim] of one collated batch: a tensor on the device for torch
+        backends (nothing waits for it on CUDA), numpy for the others."""
+        if isinstance(batch, PackedBatch):
+            with timer.phase("host_to_device"):
+                batch = batch.to(self.device)
+            with self._lock:
+                with timer.phase("forward"):
+                    hidden = self.backend.packed_hidden_states(batch)  # type: ignore[attr-defined]
+                with timer.phase("pooling"):
+                    return pool_packed(hidden, batch.segments, batch.offsets, batch.rows, self.info.pooling, self.info.normalize)
+        input_ids, mask = batch
+        if self.device.type != "cpu":
+            with timer.phase("host_to_device"):
+                input_ids = input_ids.to(self.device, non_blocking=input_ids.is_pinned())
+                mask = mask.to(self.device, non_blocking=mask.is_pinned())
         with self._lock:
-            hidden = self.backend.hidden_states(input_ids, mask)
-            return pool(
-                hidden, mask.to(self.device) if isinstance(hidden, torch.Tensor) else mask, self.info.pooling, self.info.normalize
-            )
+            with timer.phase("forward"):
+                hidden = self.backend.hidden_states(input_ids, mask)
+            with timer.phase("pooling"):
+                if isinstance(hidden, np.ndarray):
+                    return pool_numpy(hidden, np.asarray(mask), self.info.pooling, self.info.normalize)
+                return pool_tensor(hidden, mask, self.info.pooling, self.info.normalize)
 
     def mode_record(self) -> dict[str, object]:
         """Return what a run record and artifact show about the mode: backend, precision, budget, fidelity, speed."""
@@ -113,6 +163,13 @@ class TextEncoder:
         if self.calibration is not None:
             record.update(self.calibration.summary())
         return record
+
+
+def host_array(vectors: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Return vectors as a float32 numpy array on the host (a device tensor is copied back)."""
+    if isinstance(vectors, torch.Tensor):
+        vectors = vectors.cpu().numpy()
+    return vectors.astype(np.float32, copy=False)
 
 
 def vector_version(info: ModelInfo, mode: Mode) -> str:

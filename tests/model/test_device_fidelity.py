@@ -20,7 +20,7 @@ from models.encoder.loader import load_encoder
 from models.encoder.precision import PROBE_TEXTS
 from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
-from tests.helpers import cos_rows
+from tests.cosine import cos_rows  # polars-free: this file runs on the GPU host
 
 TEXTS = [
     *PROBE_TEXTS,

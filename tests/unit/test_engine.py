@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.encoder.engine import EncodeStats, encode_texts
+from models.encoder.engine import EncodeStats, encode_texts, warm_up
 from models.encoder.loader import get_encoder
-from models.encoder.text_encoder import TextEncoder
+from models.encoder.phases import NO_TIMER, PhaseTimer
+from models.encoder.text_encoder import Batch, TextEncoder
 from tests.helpers import cos_rows
 from tests.tiny_model import tiny_spec
 
@@ -131,16 +132,18 @@ def test_oom_back_off_splits_and_loses_nothing(tiny: TextEncoder, monkeypatch: p
     texts = TEXTS * 3  # 36 rows
     expected, clean = encode_texts(tiny, texts, token_budget=100_000)
     assert clean.oom_splits == 0
-    real_embed = tiny.embed
+    real_vectors = tiny.vectors
     seen_rows: list[int] = []
 
-    def flaky_embed(input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    def flaky_vectors(batch: Batch, timer: PhaseTimer = NO_TIMER) -> torch.Tensor | np.ndarray:
+        assert isinstance(batch, tuple)  # the tiny encoder runs padded
+        input_ids, _ = batch
         if input_ids.shape[0] > 4:
             raise torch.OutOfMemoryError("fake")
         seen_rows.append(int(input_ids.shape[0]))
-        return real_embed(input_ids, mask)
+        return real_vectors(batch, timer)
 
-    monkeypatch.setattr(tiny, "embed", flaky_embed)
+    monkeypatch.setattr(tiny, "vectors", flaky_vectors)
     out, stats = encode_texts(tiny, texts, token_budget=100_000)
     assert stats.oom_splits > 0
     assert stats.texts == len(texts)
@@ -152,10 +155,10 @@ def test_oom_back_off_splits_and_loses_nothing(tiny: TextEncoder, monkeypatch: p
 
 
 def test_oom_on_a_single_row_is_raised(tiny: TextEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
-    def always_oom(input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    def always_oom(batch: Batch, timer: PhaseTimer = NO_TIMER) -> np.ndarray:
         raise torch.OutOfMemoryError("fake")
 
-    monkeypatch.setattr(tiny, "embed", always_oom)
+    monkeypatch.setattr(tiny, "vectors", always_oom)
     with pytest.raises(torch.OutOfMemoryError):
         encode_texts(tiny, TEXTS[:3])
 
@@ -287,9 +290,24 @@ def test_a_trial_far_behind_after_one_corpus_pass_is_not_timed_again(tiny: TextE
     texts = [_long_text(40, seed) for seed in range(24)]
     encode_texts(slow, texts, 256)
     per_pass, slowed.calls = slowed.calls, 0
+    assert warm_up(slow, texts, 256) > 0  # its shapes run once here, so the timing below meets none cold
+    slowed.calls = 0
     fast_trial, slow_trial = Trial(Mode("torch", "fp32", 256), 0.999), Trial(Mode("slowed", "fp32", 256), 0.999)
     _time_trials([fast_trial, slow_trial], {("slowed", "fp32", 1): slow}, texts, tiny)
     assert per_pass > 1 and slowed.calls == per_pass  # one pass, then no more
     assert slow_trial.note == f"dropped after one pass (under {KEEP:g} of the best)"
     assert 0 < slow_trial.tokens_per_s < fast_trial.tokens_per_s * KEEP and fast_trial.note == ""
     assert REPEATS > 1  # the best was timed again: a repeat is what the drop saves
+
+
+def test_warm_up_runs_each_batch_shape_once_and_then_none(tiny: TextEncoder) -> None:
+    slowed = _Slowed(tiny.backend, 0.0, 0.0)
+    fresh = TextEncoder(tiny.info, tiny.tokenizer, slowed, tiny.device, 256)  # type: ignore[arg-type]
+    texts = [_long_text(n, n) for n in (3, 3, 3, 40, 41, 90)] * 4
+    shapes = warm_up(fresh, texts, 256)
+    assert shapes == slowed.calls > 0
+    _, stats = encode_texts(fresh, texts, 256)
+    assert shapes < stats.batches  # batches of one shape ran once, not once each
+    slowed.calls = 0
+    assert warm_up(fresh, texts, 256) == 0 and slowed.calls == 0  # all warm already
+    assert warm_up(fresh, texts, 128) > 0  # another budget, other shapes

@@ -37,6 +37,7 @@ class BackendRequest:
     # auto's calibration: a float precision whose kernels measure far slower than fp32 here is refused unloaded
     refuse_slow_kernels: bool = False
     streams: int = 1  # batches run at once (a backend that cannot keeps 1)
+    compile_mode: str = "none"  # CUDA only: torch.compile mode of a backend that compiles (torch-packed); none: eager
 
 
 class Backend(Protocol):
@@ -46,6 +47,8 @@ class Backend(Protocol):
     precision: str
     length_multiple: int  # batch lengths are padded up to a multiple of this (1: no extra padding)
     streams: int  # batches it runs at once; over 1, hidden_states is thread-safe and the engine overlaps batches
+    # A backend with `packed = True` also has packed_hidden_states(PackedBatch) -> [tokens, width]: the engine then
+    # hands it padding-free batches (models/encoder/tokens.py) instead of padded ones.
 
     @property
     def version(self) -> str:

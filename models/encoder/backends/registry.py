@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from models.encoder.backends import onnxruntime_backend, openvino_backend, torch_backend
+from models.encoder.backends import onnxruntime_backend, openvino_backend, torch_backend, torch_packed
 from models.encoder.backends.base import Backend, BackendRequest, BackendUnavailable
 
-BACKENDS = ("torch", "openvino", "onnxruntime")
+BACKENDS = ("torch", "torch-packed", "openvino", "onnxruntime")
 
 
 def unavailable_reason(backend: str, precision: str, device: torch.device) -> str | None:
     """Return why backend cannot run precision on device (None: it can)."""
     if backend == "torch":
         return torch_backend.unavailable_reason(precision, device)
+    if backend == "torch-packed":
+        return torch_packed.unavailable_reason(precision, device)
     if backend == "openvino":
         return openvino_backend.unavailable_reason(precision, device)
     if backend == "onnxruntime":
@@ -28,6 +30,8 @@ def load_backend(backend: str, request: BackendRequest) -> Backend:
         raise BackendUnavailable(reason)
     if backend == "torch":
         return torch_backend.TorchBackend(request)
+    if backend == "torch-packed":
+        return torch_packed.TorchPackedBackend(request)
     if backend == "onnxruntime":
         return onnxruntime_backend.OnnxRuntimeBackend(request)
     return openvino_backend.OpenVINOBackend(request)

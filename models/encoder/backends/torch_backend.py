@@ -77,6 +77,22 @@ def _refuse_slow_bf16(request: BackendRequest) -> None:
         )
 
 
+def prepared_module(request: BackendRequest) -> torch.nn.Module:
+    """Return the request's model in its precision on its device (fp32: the module itself; bf16/fp16: a cast copy;
+    int8: a quantised copy); BackendUnavailable where torch cannot run that precision here."""
+    reason = unavailable_reason(request.precision, request.device)
+    if reason:
+        raise BackendUnavailable(reason)
+    _refuse_slow_bf16(request)
+    if request.precision == "int8":
+        model = _int8_model(request)
+    elif request.precision == "fp32":
+        model = request.module
+    else:
+        model = copy.deepcopy(request.module).to(DTYPES[request.precision])
+    return model.to(request.device).eval()
+
+
 class TorchBackend:
     """A transformers model run by torch eagerly in one precision."""
 
@@ -84,21 +100,11 @@ class TorchBackend:
     shape_sensitive = False
 
     def __init__(self, request: BackendRequest) -> None:
-        reason = unavailable_reason(request.precision, request.device)
-        if reason:
-            raise BackendUnavailable(reason)
-        _refuse_slow_bf16(request)
         self.precision = request.precision
         self.device = request.device
         self.length_multiple = 1
         self.streams = 1  # torch's intra-op threads already share one batch
-        if request.precision == "int8":
-            model = _int8_model(request)
-        elif request.precision == "fp32":
-            model = request.module
-        else:
-            model = copy.deepcopy(request.module).to(DTYPES[request.precision])
-        self.model = model.to(self.device).eval()
+        self.model = prepared_module(request)
 
     @property
     def version(self) -> str:

@@ -1,0 +1,96 @@
+"""The padding-free path (torch-packed) on all-MiniLM-L6-v2 (or NIGHTSCORE_MODEL) against the padded one, on the
+configured device (NIGHTSCORE_DEVICE; the CPU on a CPU-only machine) and against CPU fp32.
+
+Every length from 1 to the maximum, a batch of one, texts past the maximum. benchmarks/gpu_check.sh runs this file
+with NIGHTSCORE_DEVICE=cuda, where fp16/bf16 attention is FlashAttention's variable-length kernel; it imports nothing
+the GPU host lacks (no polars).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from core.settings import load_settings
+from models.encoder.backends.registry import unavailable_reason
+from models.encoder.batching import plan_packed
+from models.encoder.device import resolve_device
+from models.encoder.engine import encode_texts, run_batches
+from models.encoder.loader import load_encoder
+from models.encoder.precision import PROBE_TEXTS
+from models.encoder.spec import EncoderSpec
+from models.encoder.text_encoder import TextEncoder
+from models.encoder.tokens import TokenizedTexts
+from tests.cosine import cos_rows
+
+TEXTS = [
+    *PROBE_TEXTS,
+    "a",
+    "",
+    "Breaking news",
+    "東京は日本の首都です。",
+    "emoji time 🙂🚀🔥 and more 🎉",
+    "very " * 300 + "long",
+    "word " * 600,
+    " ".join(f"item{i} costs {i * 3.5:.2f} euros;" for i in range(150)),
+] * 2
+
+
+def _device() -> torch.device:
+    return resolve_device(load_settings().encoder.device)
+
+
+def _encoder(device: torch.device, backend: str, precision: str) -> TextEncoder:
+    model = load_settings().encoder.model
+    return load_encoder(EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model))
+
+
+def _every_length(encoder: TextEncoder) -> TokenizedTexts:
+    """Return rows of every length 1..max_length cut from the texts' own tokens (one [CLS] alone, then [CLS] ... [SEP])."""
+    stream = encoder.tokenize_packed(PROBE_TEXTS * 20).ids
+    cls, sep = int(stream[0]), encoder.tokenizer.token_to_id("[SEP]")
+    rows = [[cls]] + [[cls, *stream[1 : n - 1].tolist(), sep] for n in range(2, encoder.max_length + 1)]
+    return TokenizedTexts.from_lists(rows)
+
+
+@pytest.fixture(scope="module")
+def cpu_fp32() -> TextEncoder:
+    return _encoder(torch.device("cpu"), "torch", "fp32")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_packed_equals_padded_on_the_device_and_cpu_fp32(cpu_fp32: TextEncoder, precision: str) -> None:
+    device = _device()
+    reason = unavailable_reason("torch-packed", precision, device)
+    if reason:
+        pytest.skip(f"torch-packed/{precision} on {device.type}: {reason}")
+    padded, packed = _encoder(device, "torch", precision), _encoder(device, "torch-packed", precision)
+    expected, _ = encode_texts(padded, TEXTS)
+    out, stats = encode_texts(packed, TEXTS)
+    reference, _ = encode_texts(cpu_fp32, TEXTS)
+    same, against_cpu = cos_rows(out, expected), cos_rows(out, reference)
+    print(
+        f"torch-packed/{precision} on {device} ({packed.backend.version}): min cos {same.min():.6f} to padded, "
+        f"{against_cpu.min():.6f} to CPU fp32"
+    )
+    floor = 0.9999 if precision == "fp32" else 0.999
+    assert same.min() >= floor and against_cpu.min() >= floor
+    assert stats.padded_tokens == stats.real_tokens and stats.truncated >= 4
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_length_and_a_batch_of_one(cpu_fp32: TextEncoder, precision: str) -> None:
+    device = _device()
+    reason = unavailable_reason("torch-packed", precision, device)
+    if reason:
+        pytest.skip(f"torch-packed/{precision} on {device.type}: {reason}")
+    packed = _encoder(device, "torch-packed", precision)
+    tokens = _every_length(packed)
+    alone = [np.array([i]) for i in range(len(tokens))]
+    reference, _ = run_batches(cpu_fp32, tokens, alone)  # padded, one row per batch: no padding at all
+    together, _ = run_batches(packed, tokens, plan_packed(tokens.lengths, 4096))
+    singles, _ = run_batches(packed, tokens, alone)
+    floor = 0.9999 if precision == "fp32" else 0.999
+    assert cos_rows(together, reference).min() >= floor
+    assert cos_rows(singles, reference).min() >= floor
