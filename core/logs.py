@@ -74,8 +74,9 @@ def log_file_path(logs_dir: Path, command: str) -> Path:
     return logs_dir / f"{stamp}-{command}.log"
 
 
-def configure_logging(verbose: bool = False, log_file: Path | None = None) -> None:
-    """Send logs to stderr at INFO (DEBUG when verbose) with one line per failure, and everything to log_file.
+def configure_logging(verbose: bool = False, log_file: Path | None = None, console_level: int = logging.WARNING) -> None:
+    """Send warnings and failures to stderr (everything from DEBUG when verbose), one line per failure, and every record
+    from INFO (DEBUG when verbose) to log_file.
 
     Call it after Prefect is imported (Prefect installs its own console handler at import): every console
     handler of the root logger then loses tracebacks unless verbose; the Prefect API handlers lose those
@@ -86,7 +87,7 @@ def configure_logging(verbose: bool = False, log_file: Path | None = None) -> No
     if not root.handlers:
         root.addHandler(logging.StreamHandler())
     for handler in root.handlers:
-        _console(handler, verbose)
+        _console(handler, verbose, console_level)
     if log_file is not None:
         for old in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
             root.removeHandler(old)  # one log file per command (tests run many commands in one process)
@@ -112,12 +113,13 @@ def to_log_file(message: str, exc: BaseException, logger: str = "nightscore") ->
     return bool(files)
 
 
-def _console(handler: logging.Handler, verbose: bool) -> None:
-    """Make a console handler name the Prefect run of each record, at INFO, with tracebacks only when verbose."""
+def _console(handler: logging.Handler, verbose: bool, level: int = logging.WARNING) -> None:
+    """Make a console handler name the Prefect run of each record, at WARNING (DEBUG when verbose: INFO on the console
+    only when asked for; the log file keeps it), with tracebacks only when verbose."""
     if isinstance(handler, logging.FileHandler):
         return
     handler.addFilter(RunNameFilter())
-    handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+    handler.setLevel(logging.DEBUG if verbose else level)
     if handler.formatter is None:
         handler.setFormatter(run_formatter())
     if not verbose and not isinstance(handler.formatter, OneLine):

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -102,6 +102,17 @@ class WarehouseSettings(Group):
         description="How long a warehouse operation waits for another process's lock before it fails "
         "(a locked warehouse is never taken for 'no warehouse yet').",
     )
+    query_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="`nightscore query` stops an analyst's statement after this many seconds, reading its rows included "
+        "(PostgreSQL: statement_timeout and idle_in_transaction_session_timeout of the analyst's session).",
+    )
+    query_max_rows: int = Field(
+        10_000,
+        ge=0,
+        description="Rows `nightscore query` prints at most unless --limit says otherwise (0: all); a cut result says so.",
+    )
 
 
 class CacheSettings(Group):
@@ -140,12 +151,26 @@ class EncoderSettings(Group):
         "per-channel weights and per-token activations (torch) or static int8 with the lossiest layer roles kept float "
         "(OpenVINO); a pinned mode under its fidelity floor is refused.",
     )
-    backend: Literal["auto", "torch", "openvino", "onnxruntime"] = Field(
+    backend: Literal["auto", "torch", "torch-packed", "openvino", "onnxruntime"] = Field(
         "auto",
         description="auto: chosen with precision and token budget by a short calibration at warm-up, "
-        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused.",
+        "persisted per device kind under engine_cache_dir; a pinned backend/precision under its floor is refused. "
+        "torch-packed: torch on padding-free token-major batches (BERT encoders), a candidate auto times like the rest.",
     )
     num_threads: int | None = Field(None, ge=1, description="Torch intra-op threads on CPU. Default: all cores.")
+    tokenizer_threads: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Tokenizer instances, one per worker thread, each tokenizing its chunk of a shard. Default: 1 on "
+        "CPU (the model needs the cores; measured no faster with more), every core up to 16 on CUDA (the host feeds the GPU).",
+    )
+    compile_mode: Literal["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
+        "none",
+        description="CUDA only: torch.compile mode of the torch-packed backend's layers (reduce-overhead also captures "
+        "CUDA graphs); none: eager. Off unless measured faster on the device (benchmarks/inference.py "
+        "--compile-modes); ignored on CPU.",
+    )
     max_seq_length: int = Field(256, ge=8, le=512, description="Tokens per text; longer texts are truncated.")
     token_budget: int | None = Field(
         None,
@@ -269,6 +294,12 @@ class CandidateSettings(Group):
         description="Trending: one user's weight on one item, at most (event weights summed, decayed): a few users "
         "repeating events cannot make an item trend.",
     )
+    trend_new_user_days: float = Field(
+        1.0,
+        ge=0,
+        description="Trending: a user's events count in proportion to the days since the user's first interaction, "
+        "fully after this many (0: at once): a handful of brand-new (fake) users cannot make an item trend.",
+    )
     topic_smoothing: float = Field(0.02, ge=0, description="Topic trending: additive smoothing of a user's topic shares.")
     fusion_quota_grid: list[float] = Field(
         default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3],
@@ -284,7 +315,8 @@ class CandidateSettings(Group):
     gate_recall_margin: float = Field(
         0.0,
         alias="candidate_gate_recall_margin",
-        description="Gate: the run fails (exit 3) when fused recall@K < popularity's recall@K + this margin.",
+        description="Gate: the run fails (exit 3) when fused recall@K is below popularity's recall@K + this margin "
+        "with confidence (the paired bootstrap's upper bound of fused - popularity over held-out users is under it).",
     )
     gate_min_cold_recall: float = Field(
         0.0,
@@ -292,7 +324,29 @@ class CandidateSettings(Group):
         le=1,
         alias="candidate_gate_min_cold_recall",
         description="Gate: the run fails (exit 3) when the fused cold-item recall@K is under this (set "
-        "0.25 for a catalogue whose texts describe their items; no held-out cold item = nothing to fail).",
+        "0.25 for a catalogue whose texts describe their items; fewer than gate_min_cold_pairs held-out cold "
+        "pairs = nothing to fail).",
+    )
+    gate_min_users: int = Field(
+        50,
+        ge=1,
+        alias="candidate_gate_min_users",
+        description="Gate and fallback: with fewer evaluated users than this the recall comparison is not made "
+        "(the run records 'not enough data to gate'; the fused list ships).",
+    )
+    gate_min_cold_pairs: int = Field(
+        20, ge=1, alias="candidate_gate_min_cold_pairs", description="Gate: held-out cold pairs needed to check the cold floor."
+    )
+    gate_bootstrap_rounds: int = Field(
+        1000, ge=100, alias="candidate_gate_bootstrap_rounds", description="Gate and fallback: paired bootstrap resamples."
+    )
+    gate_confidence: float = Field(
+        0.95,
+        ge=0.5,
+        lt=1,
+        alias="candidate_gate_confidence",
+        description="Gate and fallback: one-sided confidence that a list is worse before the run fails or the "
+        "stage falls back to the source that beats its fusion on validation.",
     )
     seed: int = Field(0, description="Seed of every sample, ALS and LightGBM.")
 
@@ -374,15 +428,15 @@ class ServingSettings(Group):
         description="Add this x a candidate's co-visitation with the user's fresh events to its score (0: off; "
         "the run's neighbours are then not loaded).",
     )
-    api_keys: list[str] = Field(
+    api_keys: list[Annotated[str, Field(min_length=16)]] = Field(
         default_factory=list,
         alias="serving_api_keys",
-        description="Keys a client sends as `Authorization: Bearer <key>` or `X-API-Key` (JSON list). POST /v1/events and "
-        "/metrics always need one, recommendations unless open_reads; none set: the service refuses to start unless "
-        "allow_no_keys.",
+        description="Keys (16+ characters each) a client sends as `Authorization: Bearer <key>` or `X-API-Key` (JSON "
+        "list). POST /v1/events and /metrics always need one, recommendations unless open_reads; none set: the service "
+        "refuses to start unless allow_no_keys.",
     )
     open_reads: bool = Field(
-        False, alias="serving_open_reads", description="Answer recommendations without a key (events and /metrics still need one)."
+        False, alias="serving_open_reads", description="Answer recommendations without a key (events and /metrics need one)."
     )
     allow_no_keys: bool = Field(
         False,

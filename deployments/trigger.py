@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -20,6 +22,7 @@ from storage.resources import lake_for, warehouse_for
 log = logging.getLogger(__name__)
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+DEAD_STATES = {"FAILED", "CRASHED", "CANCELLED", "CANCELLING"}  # a run of these states never answers a retry
 
 
 def inputs_identity(lake: Lake, uris: list[str | None], latest_run: str | None) -> dict[str, Any]:
@@ -72,14 +75,38 @@ def existing_run(deployment: str, idempotency_key: str) -> dict[str, Any] | None
         )
     if not runs:
         return None
-    return {"flow_run_id": str(runs[0].id), "state": runs[0].state_name, "created": runs[0].created}
+    state_type = runs[0].state_type.value if runs[0].state_type else None
+    return {"flow_run_id": str(runs[0].id), "state": runs[0].state_name, "state_type": state_type, "created": runs[0].created}
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a trigger did: the flow run it returns, the live run of the same request it returned instead of a new
+    one (a retry), or the dead run (cancelled, failed, crashed) of the same request it replaced with a new one."""
+
+    run: dict[str, Any]
+    reused: dict[str, Any] | None = None
+    replaced: dict[str, Any] | None = None
+
+
+def submit(deployment: str, params: BaseModel, idempotency_key: str) -> Submission:
+    """Return the deployment's run for the request: the live one made with the same key, else a new one.
+
+    A run of the same key that ended cancelled, failed or crashed does not absorb the retry: a new run starts under
+    a key derived from the dead run's id (so retrying that one again is idempotent too).
+    """
+    existing = existing_run(deployment, idempotency_key)
+    if existing is not None and existing["state_type"] in DEAD_STATES:
+        fresh = f"{idempotency_key}:after-{existing['flow_run_id'][:8]}"
+        return Submission(trigger(deployment, params, fresh), replaced=existing)
+    return Submission(trigger(deployment, params, idempotency_key), reused=existing)
 
 
 def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[str, Any]:
     """Create a flow run of the deployment (or return the one made with the same key); return its id, name and state."""
     from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     try:
         flow_run = run_deployment(
@@ -90,9 +117,25 @@ def trigger(deployment: str, params: BaseModel, idempotency_key: str) -> dict[st
         )
     except ObjectNotFound as exc:
         raise UsageError(f"no deployment {deployment_ref(deployment)} on this Prefect server: run `nightscore deploy`") from exc
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code not in (409, 422):
+            raise
+        raise UsageError(f"the Prefect server refused the run's parameters: {refusal(exc.response)}") from exc
     assert isinstance(flow_run, FlowRun)  # a sync call returns the run, never a coroutine
     state = flow_run.state_type.value if flow_run.state_type else None
     return {"flow_run_id": str(flow_run.id), "name": flow_run.name, "state": state, "idempotency_key": idempotency_key}
+
+
+def refusal(response: Any) -> str:
+    """Return the server's reason for refusing parameters in one short line: the field it named, never its regex."""
+    try:
+        detail = str(response.json().get("detail", response.text))
+    except ValueError:
+        detail = response.text
+    field = re.search(r"field '([^']+)'", detail)
+    if field:
+        return f"{field.group(1).removeprefix('params.')} does not pass the deployment's schema"
+    return " ".join(detail.split())[:160]
 
 
 def flow_run_state(flow_run_id: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from core import failpoints
 from core.errors import InputUnreadable
 from core.records import Ingested, RunRef
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, conform
-from data_contracts.quarantine import REQUIRED_COLUMNS, require_columns
+from data_contracts.quarantine import MAY_BE_EMPTY, REQUIRED_COLUMNS, require_columns
 from storage.events import ingested_partitions
 from storage.lake import Lake
 from storage.resources import lake_for
@@ -29,8 +29,8 @@ INPUT_BATCH = 65_536  # input rows per batch: ingest and the row contracts strea
 def ingest(run: RunRef) -> Ingested:
     """Produce the run's input snapshot, streamed in batches of INPUT_BATCH rows, with the contracts' column types.
 
-    A file that cannot be read, is empty, lacks a required column or has a column of an uncoercible type
-    raises InputUnreadable (exit 3) naming the file.
+    A file that cannot be read, is empty (an items file; interactions may be), lacks a required column or has a
+    column of an uncoercible type raises InputUnreadable (exit 3) naming the file.
     """
     started, lake = time.perf_counter(), lake_for(run.settings)
     events = ingested_partitions(lake, run.date)  # the online service's exported events (storage/events.py)
@@ -58,7 +58,7 @@ def snapshot(
     return the row count."""
     rows = [0]
     frames = chain(*(_conformed(lake, dataset, u, columns, rows) for u in [uri, *(extra or [])]))
-    lake.write_parquet_frames(frames, target)
+    lake.write_parquet_frames(frames, target, pl.Schema(columns))
     return rows[0]
 
 
@@ -70,4 +70,5 @@ def _conformed(lake: Lake, dataset: str, uri: str, columns: dict[str, pl.DataTyp
         yield conform(raw, columns, dataset, uri)
     if rows[0] == 0:  # no batch at all: the whole (empty) file says which rule it breaks first
         require_columns(lake.read_parquet(uri, dataset, columns=list(columns)), REQUIRED_COLUMNS[dataset], dataset, uri)
-        raise InputUnreadable(f"{dataset} file {uri}: no rows")
+        if dataset not in MAY_BE_EMPTY:
+            raise InputUnreadable(f"{dataset} file {uri}: no rows")

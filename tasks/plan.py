@@ -71,7 +71,7 @@ def plan_shards(run: RunRef, validated: Validated) -> Plan:
     log.info(
         "encode mode %s (%s), min cosine to torch fp32 %.5f",
         engine.label,
-        "calibrated" if engine.calibrated else "pinned",
+        engine.choice,
         engine.fidelity_min,
     )
     return Plan(

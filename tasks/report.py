@@ -95,12 +95,12 @@ def warn_about(published: Published, rules: list[QuarantineRule], max_tokens: in
     record, logger = published.record, get_run_logger()
     for dataset, rule, rows, example in rules:
         logger.warning("quarantined %d %s row(s) by %s (e.g. %s)", rows, dataset, rule, example)
-    if record.truncated_texts and record.rows_computed:
+    if record.truncated_texts and record.rows_scored:
         logger.warning(
-            "%d of %d texts encoded (%.1f%%) were truncated at %d tokens",
+            "%d of the run's %d texts (%.1f%%) are truncated at %d tokens",
             record.truncated_texts,
-            record.rows_computed,
-            100 * record.truncated_texts / record.rows_computed,
+            record.rows_scored,
+            100 * record.truncated_texts / record.rows_scored,
             max_tokens,
         )
 

@@ -111,8 +111,10 @@ def summary_markdown(
         ("items in / quarantined", f"{r.rows_in} / {r.rows_quarantined}"),
         ("interactions in / quarantined", f"{r.interactions_in} / {r.interactions_quarantined}"),
         ("items scored (computed / reused)", f"{r.rows_scored} ({r.rows_computed} / {r.rows_reused})"),
-        ("texts truncated", _truncated(r.truncated_texts, r.rows_computed, settings.encoder.max_seq_length)),
+        ("texts truncated", _truncated(r.truncated_texts, r.rows_scored, settings.encoder.max_seq_length)),
         ("users with candidates", str(r.users_with_candidates)),
+        ("candidate gate", r.candidate_gate or "n/a"),
+        ("candidates published", _published_list(r.candidate_fallback)),
         ("padding efficiency", _number(r.padding_efficiency) if computed else NOTHING_ENCODED),
         ("texts/s (encode)", _number(r.texts_per_s, 1) if computed else NOTHING_ENCODED),
         ("device", r.device if computed else NOTHING_ENCODED),
@@ -124,7 +126,7 @@ def summary_markdown(
     lines = [
         f"# Scoring run {r.run_id}",
         "",
-        *_warnings(r.truncated_texts, r.rows_computed, settings.encoder.max_seq_length),
+        *_warnings(r.truncated_texts, r.rows_scored, settings.encoder.max_seq_length),
         "| | |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in rows),
@@ -150,17 +152,22 @@ def _engine(r: RunRecord) -> str:
     return f"`{r.backend}/{r.precision}@{r.token_budget}` ({how}); min cosine to torch fp32 {_number(r.fidelity_min, 5)}"
 
 
-def _truncated(truncated: int, encoded: int, max_tokens: int) -> str:
-    if not encoded:
+def _published_list(fallback: str | None) -> str:
+    """Return which list the run published: the fused one, or the source it fell back to."""
+    return f"{fallback}'s list (the fused list lost to it on validation)" if fallback else "the fused list"
+
+
+def _truncated(truncated: int, texts: int, max_tokens: int) -> str:
+    if not texts:
         return NOTHING_ENCODED
-    return f"{truncated} of {encoded} encoded ({truncated / encoded:.1%}) at {max_tokens} tokens"
+    return f"{truncated} of {texts} texts ({truncated / texts:.1%}) at {max_tokens} tokens"
 
 
-def _warnings(truncated: int, encoded: int, max_tokens: int) -> list[str]:
-    if not truncated or not encoded:
+def _warnings(truncated: int, texts: int, max_tokens: int) -> list[str]:
+    if not truncated or not texts:
         return []
     return [
-        f"> **Warning:** {truncated} of {encoded} texts encoded ({truncated / encoded:.1%}) were truncated at "
+        f"> **Warning:** {truncated} of the run's {texts} texts ({truncated / texts:.1%}) are truncated at "
         f"{max_tokens} tokens: their ends are not in the embeddings.",
         "",
     ]
@@ -170,8 +177,14 @@ def quarantine_table(rules: list[QuarantineRule]) -> list[str]:
     """Return the markdown table of quarantined rows per rule with an example key (nothing when none was)."""
     if not rules:
         return []
-    body = [f"| {dataset} | `{rule}` | {rows} | `{example}` |" for dataset, rule, rows, example in rules]
+    body = [f"| {dataset} | `{rule}` | {rows} | {_example(example)} |" for dataset, rule, rows, example in rules]
     return ["### Quarantined rows per rule", "", "| dataset | rule | rows | example key |", "|---|---|---|---|", *body, ""]
+
+
+def _example(key: str) -> str:
+    """Return a quarantined row's key as a table cell: code, or "(blank)" for an empty key."""
+    shown = " ".join(key.split())[:60]
+    return f"`{shown}`" if shown else "(blank)"
 
 
 def timing_rows(stage_seconds: dict[str, float]) -> list[dict[str, Any]]:

@@ -184,5 +184,5 @@ def setup_worker() -> None:
     """Prepare a Ray worker process: nightscore's logs at INFO, offline model libraries, torch threads."""
     cfg = load_settings()
     apply_runtime_defaults(cfg)
-    configure_logging()
+    configure_logging(console_level=logging.INFO)  # a Ray worker's console is its log (Ray forwards it to the driver)
     log.info("ray worker %d ready: %d torch threads", os.getpid(), configure_threads(cfg.encoder.num_threads))

@@ -67,18 +67,24 @@ def apply_row_contracts(lake: Lake, run: RunRef, ingested: Ingested) -> tuple[Ro
     ids = lake.read_parquet(ingested.items_uri, "items", columns=["item_id", "created_at"])  # id columns only
     duplicates = duplicate_rows(ids, rules.duplicate_policy)
     items = RowContract(lambda raw, offset: validate_items(raw, rules, run.items_uri, offset, duplicates), ["item_id"])
-    items.write(lake, lake.iter_frames(ingested.items_uri, "items", batch_size=INPUT_BATCH), run.path("valid/items.parquet"))
+    items.write(lake, batches_of(lake, ingested.items_uri, "items"), run.path("valid/items.parquet"))
     valid_ids = items.kept("item_id")
     interactions = RowContract(
         lambda raw, offset: validate_interactions(raw, valid_ids, rules, run.interactions_uri, offset), ["user_id"]
     )
-    interactions.write(
-        lake,
-        lake.iter_frames(ingested.interactions_uri, "interactions", batch_size=INPUT_BATCH),
-        run.path("valid/interactions.parquet"),
-    )
+    interactions.write(lake, batches_of(lake, ingested.interactions_uri, "interactions"), run.path("valid/interactions.parquet"))
     lake.write_parquet(pl.concat([items.quarantine(), interactions.quarantine()]), run.path("quarantine.parquet"))
     return items, interactions
+
+
+def batches_of(lake: Lake, uri: str, dataset: str) -> Iterator[pl.DataFrame]:
+    """Yield a file's frames of INPUT_BATCH rows; an empty file (an interactions file may be) yields itself once."""
+    empty = True
+    for batch in lake.iter_frames(uri, dataset, batch_size=INPUT_BATCH):
+        empty = False
+        yield batch
+    if empty:  # its columns still reach the valid file, the kept ids and the suites' view
+        yield lake.read_parquet(uri, dataset)
 
 
 class RowContract:

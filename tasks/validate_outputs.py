@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 
+import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from core.records import Candidates, Checked, Plan, RunRef, Scored, Validated
 from data_contracts.dataset_view import ViewBuilder, view_of
-from data_contracts.outputs import ItemScoreTally, candidate_failures, enforce
+from data_contracts.outputs import ItemScoreTally, candidate_failures, enforce, owed_candidates
 from storage.resources import lake_for, warehouse_for
 from tasks.suites import gate
 
@@ -30,8 +31,8 @@ def validate_outputs(run: RunRef, plan: Plan, validated: Validated, scored: Scor
     enforce(tally.failures(plan.items), "item_scores")
     frame = lake.read_parquet(candidates.uri, "user_candidates")
     interactions = lake.read_parquet(validated.interactions_uri, "interactions", columns=["user_id", "item_id"])
-    enforce(candidate_failures(frame, interactions, tally.rows, cfg.candidates.top_k), "user_candidates")
-    suites = gate(
-        lake, warehouse_for(cfg), run, {"item_scores": scores_view.view(), "user_candidates": view_of(frame)}, validated.users
-    )
+    catalogue, k = tally.item_ids(), cfg.candidates.top_k
+    enforce(candidate_failures(frame, interactions, tally.rows, k, catalogue), "user_candidates")
+    owed = owed_candidates(interactions, tally.rows, k, catalogue).filter(pl.col("want") > 0).height  # who can have any
+    suites = gate(lake, warehouse_for(cfg), run, {"item_scores": scores_view.view(), "user_candidates": view_of(frame)}, owed)
     return Checked(tally.rows + frame.height, suites.data_docs, suites.suite_versions, time.perf_counter() - started)

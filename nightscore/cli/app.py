@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from core.environment import apply_runtime_defaults
+from core.errors import UsageError
 from core.logs import configure_logging, log_file_path
 from core.settings import Settings, load_settings
 
@@ -51,6 +52,8 @@ def command_settings(home: Path | None, command: str = "command") -> Settings:
     Also sets the libraries' process switches and the logging: the console gets one line per failure, the
     command's log file (<home>/logs/<time>-<command>.log, created on first record) everything.
     """
+    if home is not None and home.exists() and not home.is_dir():
+        raise UsageError(f"--home {home} is a file: give the folder of the embedded defaults (made on the first run)")
     cfg = load_settings(home=home.resolve() if home is not None else None)
     apply_runtime_defaults(cfg)
     INVOCATION.log_file = log_file_path(cfg.logs_dir, command)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from core.errors import ContractViolation
+from core.run_context import parse_run_date
 from nightscore.cli.app import HomeOption, command_settings
 from nightscore.demo import generate_demo_data
 from storage.lake import Lake
@@ -60,8 +61,8 @@ def events_export(
     home: Path | None = HomeOption,
 ) -> None:
     """Write a day's events to the lake (events/date=D/interactions.parquet): the nightly runs of D and D+1 read them."""
+    day = date.fromisoformat(parse_run_date(run_date, date.today()))  # a bad date is a usage error (exit 2)
     cfg = command_settings(home, "events-export")
-    day = date.fromisoformat(run_date)
     uri, rows = export_events(cfg, day)
     typer.echo(f"exported {rows} events of {day} to {uri}" if uri else f"no events on {day}: nothing written")
 

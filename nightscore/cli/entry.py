@@ -12,8 +12,9 @@ from collections.abc import Callable
 import click
 import pydantic
 import typer
+from typer.exceptions import TyperException
 
-from core.errors import EXIT_USAGE, NightscoreError, UsageError, exit_code_for, is_expected
+from core.errors import EXIT_KEYBOARD, EXIT_USAGE, NightscoreError, UsageError, exit_code_for, is_expected
 from core.logs import to_log_file
 from nightscore.cli import calibrate, data, run, serve, stack, warehouse
 from nightscore.cli.app import INVOCATION
@@ -63,17 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     INVOCATION.reset()
     try:
         result = build_app()(args=argv, standalone_mode=False)
+        if result == EXIT_KEYBOARD:  # typer turns Ctrl-C into this exit code, silently
+            return _fail(KeyboardInterrupt())
         return int(result) if isinstance(result, int) else 0
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.UsageError as exc:
-        exc.show()
-        return EXIT_USAGE
+    except (typer.Exit, click.exceptions.Exit) as exc:
+        return int(exc.exit_code)
+    except (typer.Abort, click.Abort):
+        return _fail(KeyboardInterrupt())
+    except (TyperException, click.ClickException) as exc:  # typer's parser: a mistyped command, option or value
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `nightscore` (or a group) alone: its help, on stderr
+            exc.show()  # type: ignore[union-attr]  # every parser error of typer can show itself
+            return EXIT_USAGE
+        return _fail(UsageError(f"{exc.format_message()} (see --help)"))
     except pydantic.ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'parameters'}: {e['msg']}" for e in exc.errors())
         return _fail(UsageError(f"invalid parameters: {problems}"))
-    except click.Abort:
-        return _fail(KeyboardInterrupt())
     except BaseException as exc:
         if isinstance(exc, SystemExit):
             raise

@@ -20,7 +20,7 @@ from core.stop import install_signal_handlers
 from flows.params import NightlyParams, TrainRankerParams
 from nightscore.cli.app import INVOCATION, HomeOption, command_settings
 from nightscore.demo import ensure_demo_inputs
-from nightscore.output import next_steps, progress_bar, summary_text
+from nightscore.output import next_steps, progress_bar, summary_text, trained_summary
 from storage.resources import lake_for, warehouse_for
 
 log = logging.getLogger("nightscore")
@@ -95,5 +95,4 @@ def run_train_ranker(
 
     with settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
-    metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(trained.metrics.items()))
-    typer.echo(f"ranker {trained.version} trained on {trained.trained_on}, saved to {trained.uri}\n  {metrics}")
+    typer.echo(trained_summary(trained))

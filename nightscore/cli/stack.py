@@ -77,7 +77,7 @@ def trigger_on_demand(
     """Trigger the on-demand deployment; print the flow run id (and its final state with --wait)."""
     cfg = command_settings(home, "trigger")
     from deployments.stack import prefect_api  # imported here for start-up speed: Prefect loads in seconds
-    from deployments.trigger import existing_run, request_key, trigger, wait_for_run
+    from deployments.trigger import request_key, submit, wait_for_run
     from flows.params import OnDemandParams
 
     with settings_scope(cfg):  # the models check callback_url against these settings
@@ -89,16 +89,21 @@ def trigger_on_demand(
             callback_url=callback_url,
         )
     with prefect_api(cfg):
-        key = key or request_key(cfg, "on-demand", params)
-        existing = existing_run("on-demand", key)
-        created = trigger("on-demand", params, key)
+        submission = submit("on-demand", params, key or request_key(cfg, "on-demand", params))
+        created = submission.run
         typer.echo(created["flow_run_id"])
-        if existing is not None:
+        if submission.reused is not None:
+            existing = submission.reused
             typer.echo(
                 f"nightscore: returned the existing flow run {existing['flow_run_id']} ({existing['state']}, created "
                 f"{existing['created']:%Y-%m-%d %H:%M:%S %Z}) for the same request and inputs; give "
                 "--idempotency-key to start another",
                 err=True,
+            )
+        if submission.replaced is not None:
+            dead = submission.replaced
+            typer.echo(
+                f"nightscore: the same request's run {dead['flow_run_id']} ended {dead['state']}: started a new one", err=True
             )
         log.info("flow run %s (%s), idempotency key %s", created["flow_run_id"], created["name"], created["idempotency_key"])
         if wait:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from tests import servers
-from tests.helpers import UNGATED
 from tests.tiny_model import tiny_environment
 
 
@@ -20,9 +19,7 @@ def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> P
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
     monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
-    for name, value in UNGATED.items():
-        monkeypatch.setenv(name, value)
-    return home
+    return home  # the default candidate gate: a demo log this small has too few held-out users to gate
 
 
 @pytest.fixture(scope="module")

@@ -77,4 +77,4 @@ def test_a_catalogue_with_replacement_characters_bad_bytes_and_repeated_ids(
     text = str(summary.data)
     assert "| items | `item_id:duplicate_not_kept` | 2 |" in text and "| items | `text:valid_utf8` | 1 |" in text
     truncated = published.record.truncated_texts
-    assert truncated > 0 and f"**Warning:** {truncated} of {published.record.rows_computed} texts encoded" in text
+    assert truncated > 0 and f"**Warning:** {truncated} of the run's {published.record.rows_scored} texts" in text

@@ -17,7 +17,7 @@ import duckdb
 import pytest
 
 from tests.flow.test_resilience import CLI, RUN_DATE
-from tests.helpers import UNGATED, demo_inputs, nightly_command
+from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command
 from tests.servers import wait_for
 from tests.tiny_model import tiny_environment
 
@@ -43,8 +43,8 @@ def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subpro
 
 
 def output(home: Path, name: str) -> str:
-    """Return what an attempt printed."""
-    return Path(f"{home}-{name}.log").read_text()
+    """Return what an attempt printed, and what the home's commands logged (INFO lines go to their log files)."""
+    return Path(f"{home}-{name}.log").read_text() + command_logs(home)
 
 
 def runs(home: Path) -> list[tuple[str, str]]:

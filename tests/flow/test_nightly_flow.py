@@ -194,7 +194,7 @@ def test_published_candidates_are_served_by_the_trained_ranker(tiny: Path, tmp_p
     trained = train_ranker(TrainRankerParams())
     assert 0.0 <= trained.metrics["ranked.ndcg_at_10"] <= 1.0 and trained.trained_on == published.run_id
     cfg = load_settings()
-    with TestClient(create_app(serving_config(cfg))) as client:
+    with TestClient(create_app(serving_config(cfg, open_reads=True, api_keys=["flow-test-key-0123456789"]))) as client:
         user = interactions["user_id"][0]
         body = client.get(f"/v1/users/{user}/recommendations", params={"n": 5}).json()
         assert body["run_id"] == published.run_id and body["model_version"] == trained.version

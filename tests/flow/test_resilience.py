@@ -26,7 +26,7 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import UNGATED, demo_inputs, nightly_command, restore_tree
+from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command, restore_tree
 from tests.servers import wait_for
 from tests.tiny_model import tiny_environment
 
@@ -60,7 +60,7 @@ def run_to_end(home: Path, inputs: Path, api: str, items: Path | None = None) ->
     """Run to completion and return the process output; fail on a non-zero exit."""
     proc = launch(home, inputs, api, items=items)
     assert proc.wait(timeout=300) == 0, Path(f"{home}.log").read_text()[-3000:]
-    return Path(f"{home}.log").read_text()
+    return Path(f"{home}.log").read_text() + command_logs(home)
 
 
 def paused(home: Path, inputs: Path, api: str, point: str) -> subprocess.Popen[str]:

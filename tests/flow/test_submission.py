@@ -202,6 +202,19 @@ def test_cli_trigger_says_when_it_returns_an_existing_run_and_new_files_make_a_n
     again = nightscore(*args, env=env)
     assert again.stdout.split()[0] == first.stdout.split()[0]
     assert f"returned the existing flow run {first.stdout.split()[0]}" in again.stderr
+    cancelled = rest.post(
+        f"{deployed['api']}/flow_runs/{first.stdout.split()[0]}/set_state",
+        json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True},
+        timeout=10,
+    )
+    assert cancelled.status_code in (200, 201), cancelled.text
+    retried = nightscore(*args, env=env)  # the same request after its run was cancelled: a new run, and it says so
+    assert retried.returncode == 0 and retried.stdout.split()[0] != first.stdout.split()[0], retried.stderr
+    assert f"run {first.stdout.split()[0]} ended Cancelled: started a new one" in retried.stderr
+    assert nightscore(*args, env=env).stdout.split()[0] == retried.stdout.split()[0]  # and that one answers retries
     items.write_bytes(b"PAR1 a new export under the same name")
     fresh = nightscore(*args, env=env)
     assert fresh.returncode == 0 and fresh.stdout.split()[0] != first.stdout.split()[0] and "existing" not in fresh.stderr
+    schema = nightscore("trigger", "on-demand", "--callback-url", "http://localhost./x", env=env)
+    assert schema.returncode == 2 and schema.stderr.count("\n") == 1 and "callback_url" in schema.stderr, schema.stderr
+    assert "^" not in schema.stderr and len(schema.stderr) < 300  # one line a person reads, never the schema's regex

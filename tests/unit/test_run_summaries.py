@@ -45,16 +45,16 @@ def test_the_headline_time_includes_prefects_start_up() -> None:
 
 
 def test_quarantine_per_rule_and_truncation_are_in_both_summaries() -> None:
-    run = published(truncated_texts=150, rows_computed=2000)
+    run = published(truncated_texts=150, rows_computed=11, rows_reused=1989, rows_scored=2000)  # most vectors reused
     text = summary_text(run, quarantine=RULES, max_tokens=256)
     assert "  quarantined items text:not_blank: 3 (e.g. item-0005)" in text
     assert "  quarantined interactions item_id:item_exists: 1 (e.g. u1|item-0005|2026)" in text
-    assert "warning: 150 of 2000 texts encoded (7.5%) were truncated at 256 tokens" in text
+    assert "warning: 150 of the run's 2000 texts (7.5%) are truncated at 256 tokens" in text  # never "150 of 11"
     markdown = summary_markdown(
         run, {"items_uri": "i", "interactions_uri": "x"}, Settings(encoder=EncoderSettings(max_seq_length=256)), {}, RULES
     )
     assert "| items | `text:not_blank` | 3 | `item-0005` |" in markdown
-    assert "**Warning:** 150 of 2000 texts encoded (7.5%) were truncated at 256 tokens" in markdown
+    assert "**Warning:** 150 of the run's 2000 texts (7.5%) are truncated at 256 tokens" in markdown
     clean = summary_text(published(truncated_texts=0))
     assert "quarantined items" not in clean and "warning" not in clean
 
@@ -84,3 +84,24 @@ def test_the_default_key_follows_the_inputs_identity_not_the_day(tmp_path: Path)
     assert default_idempotency_key("on-demand", latest, inputs_identity(lake, [None, None], "run-a")) != default_idempotency_key(
         "on-demand", latest, inputs_identity(lake, [None, None], "run-b")
     )
+
+
+def test_a_blank_or_long_example_key_reads_as_one_plain_line() -> None:
+    run = published()
+    text = summary_text(run, quarantine=[("items", "item_id:not_blank", 2, ""), ("items", "text:x", 1, "a\nb" + "c" * 100)])
+    assert "item_id:not_blank: 2 (e.g. a blank key)" in text and "(e.g. )" not in text
+    line = next(line for line in text.splitlines() if "text:x" in line)
+    assert "a b" in line and line.endswith("...)") and len(line) < 120
+
+
+def test_the_candidate_gate_and_a_fallback_source_are_in_both_summaries() -> None:
+    gate = "not enough data to gate: 12 held-out users (fewer than 50)"
+    run = published(candidate_gate=gate, candidate_fallback="cooccurrence")
+    text = summary_text(run)
+    assert f"  candidate gate {gate}" in text
+    assert "note: the fused list lost to cooccurrence on the validation split: the candidates are cooccurrence's list" in text
+    markdown = summary_markdown(run, {"items_uri": "i", "interactions_uri": "x"}, Settings(), {})
+    assert f"| candidate gate | {gate} |" in markdown
+    assert "| candidates published | cooccurrence's list (the fused list lost to it on validation) |" in markdown
+    plain = summary_text(published())
+    assert "candidate gate" not in plain and "lost to" not in plain
