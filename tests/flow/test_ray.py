@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from core.errors import UsageError
 from core.settings import load_settings
 from tasks.runner import build_runner
-from tests.helpers import UNGATED, demo_inputs, nightly_command
+from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command
 from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -37,7 +37,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
-    """Run `nightscore run nightly` on the inputs with extra NIGHTSCORE_* variables; return its output."""
+    """Run `nightscore run nightly` on the inputs with extra NIGHTSCORE_* variables; return its output and log."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "RAY_"))}
     base.update(
         PREFECT_API_URL=api,
@@ -56,7 +56,7 @@ def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
         timeout=300,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return done.stdout + done.stderr
+    return done.stdout + done.stderr + command_logs(home)  # the driver's INFO lines go to its log file
 
 
 def published(home: Path) -> dict[str, list[tuple]]:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -63,6 +64,23 @@ def worker(deployed: dict[str, Any]) -> Iterator[None]:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
         log.close()
+
+
+def cancel_for_good(api: str, flow_run_id: str) -> None:
+    """Force a flow run to Cancelled and wait until it stays there (a worker that already took it may propose Running
+    once more after the first cancel: then it is cancelled again)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = rest.post(
+            f"{api}/flow_runs/{flow_run_id}/set_state",
+            json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True},
+            timeout=10,
+        )
+        assert done.status_code in (200, 201), done.text
+        time.sleep(2)
+        if rest.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"] == "CANCELLED":
+            return
+    raise AssertionError(f"flow run {flow_run_id} did not stay cancelled")
 
 
 def create(api: str, name: str, parameters: dict[str, Any], **extra: Any) -> httpx.Response:
@@ -202,12 +220,7 @@ def test_cli_trigger_says_when_it_returns_an_existing_run_and_new_files_make_a_n
     again = nightscore(*args, env=env)
     assert again.stdout.split()[0] == first.stdout.split()[0]
     assert f"returned the existing flow run {first.stdout.split()[0]}" in again.stderr
-    cancelled = rest.post(
-        f"{deployed['api']}/flow_runs/{first.stdout.split()[0]}/set_state",
-        json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True},
-        timeout=10,
-    )
-    assert cancelled.status_code in (200, 201), cancelled.text
+    cancel_for_good(deployed["api"], first.stdout.split()[0])
     retried = nightscore(*args, env=env)  # the same request after its run was cancelled: a new run, and it says so
     assert retried.returncode == 0 and retried.stdout.split()[0] != first.stdout.split()[0], retried.stderr
     assert f"run {first.stdout.split()[0]} ended Cancelled: started a new one" in retried.stderr
