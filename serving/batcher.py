@@ -5,6 +5,10 @@ is scored in one Scorer.predict call (rows of every request stacked) once ``max_
 first of them has waited ``max_delay_s``, or as soon as no other request is on its way to the queue (so an idle
 service adds no delay). Scoring runs on the loop itself: the forward pass of a batch takes about as long as a
 thread hop would, and one loop never scores two batches at once.
+
+The request that completes a batch (the last one on its way, or the max_batch-th) scores it in its own turn and
+goes on without waiting: a batch costs no scheduling tick of its own, and a request alone costs none at all (no
+future, no timer). Only the requests that wait for it are woken, once each.
 """
 
 from __future__ import annotations
@@ -64,18 +68,21 @@ class MicroBatcher:
 
     async def score(self, scorer: Scorer, features: np.ndarray) -> np.ndarray:
         """Return the scorer's scores of one request's rows, computed with the rows of the requests batched with it."""
+        if not self._queue and self._arriving == 0:
+            self._on_batch(1, 0.0)
+            return scorer.predict(features)  # alone, and nobody on the way: no queue, no future, no tick
         loop = asyncio.get_running_loop()
         waiting = _Waiting(scorer, features, loop.create_future())
         if not self._queue:
             self._first_at = time.perf_counter()
         self._queue.append(waiting)
-        if len(self._queue) >= self.max_batch:
-            self._flush()  # a full batch is scored now, in this request's turn: max_batch is a hard cap
-        elif self._arriving == 0 or self.max_delay_s <= 0:
+        if len(self._queue) >= self.max_batch or self._arriving == 0:
+            self._flush()  # full (max_batch is a hard cap), or nobody else on the way: scored now, in this turn
+        elif self.max_delay_s <= 0:
             self._flush_soon()
         elif self._timer is None:
             self._timer = loop.call_later(self.max_delay_s, self._flush)
-        return await waiting.future
+        return await waiting.future  # done already when this request scored the batch: no suspension
 
     def _flush_soon(self) -> None:
         """Score the queue at the next turn of the loop (requests ready in this turn still join)."""

@@ -7,7 +7,7 @@ Each published run serves with its own ranker (``serving/<run_id>/serving.json``
 feature set of its entries and its trending items), so a pointer switch or a rollback changes candidates and ranker
 together. A cache entry carries the candidates' feature rows: the service only scores them. With ``cooc_boost`` on,
 the run's co-visitation neighbours (loaded once per run) lift the candidates that co-occur with the user's fresh
-events (serving/boost.py).
+events (serving/boost.py). The run's catalogue (``items.parquet``, held as hashes) says which items events may name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,7 +28,7 @@ from serving.batcher import Scoring
 from serving.boost import Neighbours, boost_scores, neighbours_from_frame
 from serving.breaker import Breaker
 from serving.config import ServingConfig
-from storage.artifacts import latest_serving_run, read_neighbours, read_scorer_bytes, read_serving
+from storage.artifacts import latest_serving_run, read_items, read_neighbours, read_scorer_bytes, read_serving
 from storage.cache import CandidateCache
 from storage.cache_async import CacheReader, Found
 from storage.candidate_payload import CandidateEntry, decode_entry
@@ -67,6 +67,33 @@ class Recommendation:
         }
 
 
+def first_kept(order: np.ndarray, item_ids: list[str], excluded: set[str], n: int) -> list[int]:
+    """Return the first n positions of order whose item is not excluded (a walk that stops at the n-th kept one)."""
+    if not excluded:
+        return order[:n].tolist()
+    kept: list[int] = []
+    for i in order.tolist():
+        if item_ids[i] not in excluded:
+            kept.append(i)
+            if len(kept) == n:
+                break
+    return kept
+
+
+class ItemSet:
+    """A run's catalogue as the sorted 64-bit hashes of its item ids (8 bytes an item; this process's str hash)."""
+
+    def __init__(self, item_ids: Iterable[str]) -> None:
+        self._hashes = np.unique(np.fromiter((hash(i) for i in item_ids), dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __contains__(self, item_id: object) -> bool:
+        at = int(np.searchsorted(self._hashes, hash(item_id)))
+        return at < len(self._hashes) and int(self._hashes[at]) == hash(item_id)  # a false hit: about n / 2**64
+
+
 @dataclass(frozen=True)
 class RunServing:
     """What one published run serves with: its ranker, the feature set of its entries, its trending items."""
@@ -78,9 +105,11 @@ class RunServing:
     fallback_ids: list[str]
     fallback_scores: list[float]
     loaded_at: float
-    computed_at: float = 0.0  # epoch s of the run's reference time: events after it are newer than its candidates
+    computed_at: float = 0.0  # epoch s of the latest interaction the run read: events from then on are new to it
     neighbours: Neighbours | None = None  # loaded only when boosting, and when the run published them
     neighbours_path: str | None = None
+    items: ItemSet | None = None  # the run's catalogue; None: the run published none (every item accepted)
+    items_path: str | None = None
 
 
 def load_neighbours(lake: Lake, run_id: str, path: str | None, known: dict[str, Neighbours]) -> Neighbours | None:
@@ -96,12 +125,30 @@ def load_neighbours(lake: Lake, run_id: str, path: str | None, known: dict[str, 
     return neighbours
 
 
+def load_items(lake: Lake, run_id: str, path: str | None, known: dict[str, ItemSet]) -> ItemSet | None:
+    """Return a run's catalogue (known ones are not re-read); None without one, or when unreadable (logged)."""
+    if path is None or path in known:
+        return known.get(path or "")
+    try:
+        items = ItemSet(read_items(lake, path))
+    except (NightscoreError, OSError) as exc:
+        log.error("run %s: catalogue unreadable, events of any item are accepted: %s", run_id, exc)
+        return None
+    log.info("run %s: %d catalogue items loaded", run_id, len(items))
+    return items
+
+
 def load_run(
-    lake: Lake, run_id: str, scorers: dict[str, Scorer] | None = None, neighbours: dict[str, Neighbours] | None = None
+    lake: Lake,
+    run_id: str,
+    scorers: dict[str, Scorer] | None = None,
+    neighbours: dict[str, Neighbours] | None = None,
+    items: dict[str, ItemSet] | None = None,
 ) -> RunServing:
     """Return a published run's serving artifacts, read from the lake (a ranker version in scorers is not re-read).
 
-    Neighbours are loaded only when ``neighbours`` is given (the boost is on); those in it, by path, are not re-read.
+    Neighbours are loaded only when ``neighbours`` is given (the boost is on); those in it, by path, are not re-read;
+    nor are catalogues in ``items``.
 
     Raises:
         ModelLoadError: the run has no serving.json, or its ranker cannot be read.
@@ -115,7 +162,7 @@ def load_run(
         scorer = known or (scorer_from_bytes(*read_scorer_bytes(lake, version)) if version else None)
     except (NightscoreError, OSError) as exc:
         raise ModelLoadError(f"cannot load what run {run_id} serves with: {exc}") from exc
-    computed, path = serving.get("computed_at"), serving.get("neighbours")
+    computed, path, items_path = serving.get("computed_at"), serving.get("neighbours"), serving.get("items")
     return RunServing(
         run_id,
         scorer,
@@ -127,6 +174,8 @@ def load_run(
         datetime.fromisoformat(computed).timestamp() if computed else 0.0,
         None if neighbours is None else load_neighbours(lake, run_id, path, neighbours),
         path,
+        load_items(lake, run_id, items_path, items or {}),
+        items_path,
     )
 
 
@@ -163,7 +212,8 @@ class RunStore:
         with self._lock:  # a refresh re-reads serving.json only: rebuilding a booster would hold the GIL for ms
             scorers = {r.version: r.scorer for r in self._runs.values() if r.version and r.scorer is not None}
             known = {r.neighbours_path: r.neighbours for r in self._runs.values() if r.neighbours_path and r.neighbours}
-        run = load_run(self._lake, run_id, scorers, known if self._with_neighbours else None)
+            items = {r.items_path: r.items for r in self._runs.values() if r.items_path and r.items is not None}
+        run = load_run(self._lake, run_id, scorers, known if self._with_neighbours else None, items)
         with self._lock:
             self._runs[run_id] = run
             for old in list(self._runs)[:-RUNS_KEPT]:
@@ -244,9 +294,8 @@ class Recommender:
             return self.popular(user_id, n, "no_candidates", run)
         fresh = self._fresh(found, run)
         scores = self._boosted(await self.scores(run, entry), run, entry, fresh)
-        order = np.lexsort((np.arange(len(scores)), -scores))
-        seen = fresh if self.exclude_recent else set()
-        top = [i for i in order if entry.item_ids[i] not in seen][:n] if seen else order[:n]
+        order = np.argsort(-scores, kind="stable")  # stable: ties keep the candidates' order
+        top = first_kept(order, entry.item_ids, fresh if self.exclude_recent else set(), n)
         return Recommendation(user_id, [entry.item_ids[i] for i in top], scores[top].tolist(), run.run_id, run.version)
 
     @staticmethod
@@ -278,6 +327,14 @@ class Recommender:
         scorer = self.runs.latest.scorer
         if scorer is not None:
             await self.scoring.score(scorer, np.zeros((8, len(scorer.feature_names)), dtype=np.float32))
+
+    async def serving_run(self) -> RunServing:
+        """Return the run the cache serves now (the latest loaded one when the cache does not answer or names none)."""
+        try:
+            current = await self.reader.current() if self.reader is not None else None
+        except CacheUnavailable:
+            current = None
+        return await self.runs.for_run(current) if current else self.runs.latest
 
     async def cache_state(self) -> str:
         """Return the cache's state now: ok, unavailable, or no_candidates_version (it answers but serves no run)."""

@@ -2,8 +2,9 @@
 
 `served` runs the candidate stage (models/recommender/candidate_stage.py: sources, fusion, a LightGBM ranker) on a small demo
 catalogue, then writes what a published run leaves for serving: the ranker in the lake, serving/<run>/serving.json
-(r1 also with its co-visitation neighbours, r2 without) and one cache entry (encode_entry) per user. No Prefect: the
-flow tier covers the nightly run itself.
+(r1 also with its co-visitation neighbours, r2 without), its catalogue and one cache entry (encode_entry) per user.
+No Prefect: the flow tier covers the nightly run itself. Services built here carry an API key (`service_config`,
+`keyed`) and no rate limit unless a test sets one.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
 import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from core.settings import CacheSettings, LakeSettings, Settings
 from models.recommender.candidate_stage import CandidateConfig, candidate_chunks, evaluate, fit_final, tune
 from models.recommender.evaluation import time_split
 from models.recommender.fusion import TuningGrid
@@ -27,9 +32,10 @@ from models.recommender.ranker_training import RankerParams
 from models.recommender.retrieval import ItemChunks
 from models.recommender.sources.base import encode_run
 from models.recommender.sources.cooccurrence import CooccurrenceSource, neighbour_frame
-from models.recommender.sources.popularity import trending_scores
+from models.recommender.sources.popularity import robust_trending
 from nightscore.demo import DEMO_BASE_TIME, generate_demo_data
-from storage.artifacts import publish_neighbours, publish_scorer, publish_serving
+from serving.config import ServingConfig, serving_config
+from storage.artifacts import publish_items, publish_neighbours, publish_scorer, publish_serving
 from storage.cache import CandidateCache
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 from storage.lake import Lake
@@ -40,6 +46,9 @@ RUN_IDS = ("r1", "r2")
 K = 30
 FALLBACK_ITEMS = 100
 NEIGHBOURS = 20
+API_KEY = "nightscore-test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+SERVICE_OPTIONS: dict[str, Any] = {"api_keys": [API_KEY], "rate_limit_per_s": 0.0}
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Served:
     fallback: list[str]
     computed_at: str
     neighbours: pl.DataFrame  # r1's (item_id, neighbour_id, weight)
+    item_ids: list[str]  # the catalogue both runs published
 
 
 def free_port() -> int:
@@ -59,6 +69,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def service_config(location: str, prefix: str, lake_root: Path, **overrides: Any) -> ServingConfig:
+    """Return the options of a test service over a cache and a lake: the test key, no rate limit, then overrides."""
+    settings = Settings(cache=CacheSettings(url=location, prefix=prefix), lake=LakeSettings(url=str(lake_root)))
+    return serving_config(settings, **{**SERVICE_OPTIONS, **overrides})
+
+
+def keyed(app: FastAPI) -> TestClient:
+    """Return a test client of an app that sends the test key with every request."""
+    return TestClient(app, headers=AUTH)
 
 
 def publish(cache: CandidateCache, run_id: str, entries: dict[str, bytes]) -> None:
@@ -74,6 +95,7 @@ def _write_run(
     fallback: tuple[list[str], list[float]],
     computed_at: str,
     neighbours: pl.DataFrame | None,
+    item_ids: pl.Series,
 ) -> None:
     """Write the ranker, a run's neighbours and its serving.json as the candidate stage and publish-serving do."""
     version = publish_scorer(lake, *scorer_to_bytes(scorer, {"trained_on": run_id}))
@@ -88,6 +110,7 @@ def _write_run(
         "fallback_scores": fallback[1],
         "computed_at": computed_at,
         "neighbours": None if neighbours is None else publish_neighbours(lake, run_id, neighbours),
+        "items": publish_items(lake, run_id, item_ids),
     }
     publish_serving(lake, run_id, serving, latest=True)
 
@@ -111,15 +134,16 @@ def build_served(lake_root: Path, n_items: int = 400, n_users: int = 120, k: int
         for user_id, item_ids, features in chunk.payloads(catalogue.item_ids, catalogue.user_ids):
             if item_ids:
                 entries[user_id] = encode_entry(CandidateEntry(item_ids, features, feature_set))
-    trending = trending_scores(final.history, config.popularity.trend_half_life_days)
+    trending = robust_trending(final.history, config.popularity)
     top = np.argsort(-trending, kind="stable")[:FALLBACK_ITEMS]
     fallback = (catalogue.item_ids.gather(top).to_list(), [float(v) for v in trending[top]])
     cooc = next(s for s in final.sources if isinstance(s, CooccurrenceSource))
     neighbours = neighbour_frame(cooc, catalogue.item_ids, NEIGHBOURS)
     for run_id in RUN_IDS:
         own = neighbours if run_id == "r1" else None
-        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat(), own)
-    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat(), neighbours)
+        _write_run(Lake(str(lake_root)), run_id, report.scorer, fallback, DEMO_BASE_TIME.isoformat(), own, catalogue.item_ids)
+    item_ids = catalogue.item_ids.to_list()
+    return Served(lake_root, report.scorer, entries, fallback[0], DEMO_BASE_TIME.isoformat(), neighbours, item_ids)
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,12 @@ import polars as pl
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
-from serving.config import serving_config
 from serving.ranking import load_run
 from storage.artifacts import publish_serving, read_serving
 from storage.cache import CandidateCache, RedisCache, SqliteCache
 from storage.lake import Lake
-from tests.service.conftest import REDIS_URL, K, Served, publish
+from tests.service.conftest import REDIS_URL, K, Served, keyed, publish, service_config
 from tests.service.test_events import event
 
 BOOST = 5.0
@@ -39,9 +37,10 @@ def _clients(served: Served, location: tuple[str, str], run_id: str, *boosts: fl
     cache: CandidateCache = RedisCache(url, prefix) if url.startswith("redis://") else SqliteCache(url, prefix)
     with cache:
         publish(cache, run_id, served.entries)
-    settings = Settings(cache=CacheSettings(url=url, prefix=prefix), lake=LakeSettings(url=str(served.lake_root)))
     with ExitStack() as stack:
-        yield [stack.enter_context(TestClient(create_app(serving_config(settings, cooc_boost=b)))) for b in boosts]
+        yield [
+            stack.enter_context(keyed(create_app(service_config(url, prefix, served.lake_root, cooc_boost=b)))) for b in boosts
+        ]
 
 
 def ranked(client: TestClient, user_id: str) -> dict[str, Any]:

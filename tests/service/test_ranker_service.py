@@ -22,24 +22,20 @@ import redis
 from fastapi.testclient import TestClient
 
 from core.errors import ModelLoadError
-from core.settings import CacheSettings, LakeSettings, Settings
 from serving.app import create_app
-from serving.config import ServingConfig, serving_config
+from serving.config import ServingConfig
 from storage.cache import CandidateCache, RedisCache, SqliteCache
 from storage.cache_async import Found, SqliteReader
 from storage.candidate_payload import decode_entry
 from storage.events import SqliteEvents
-from tests.service.conftest import REDIS_URL, K, Served, free_port, publish
+from tests.service.conftest import REDIS_URL, K, Served, free_port, keyed, publish, service_config
 
 WAIT_S = 20.0  # deadlock guard only
 
 
 def config_for(served: Served, location: str, prefix: str, lake_root: Path | None = None, **overrides: Any) -> ServingConfig:
-    """Return a ServingConfig over the served lake (or another one) and the given cache."""
-    settings = Settings(
-        cache=CacheSettings(url=location, prefix=prefix), lake=LakeSettings(url=str(lake_root or served.lake_root))
-    )
-    return serving_config(settings, **overrides)
+    """Return a ServingConfig over the served lake (or another one) and the given cache, with the test key."""
+    return service_config(location, prefix, lake_root or served.lake_root, **overrides)
 
 
 def recommend(client: TestClient, user_id: str, n: int = 10) -> dict[str, Any]:
@@ -79,7 +75,7 @@ def cache(location: tuple[str, str], served: Served) -> Iterator[CandidateCache]
 @pytest.fixture
 def client(cache: CandidateCache, location: tuple[str, str], served: Served) -> Iterator[TestClient]:
     """Yield a client of the service over the published cache."""
-    with TestClient(create_app(config_for(served, location[0], location[1]))) as test_client:
+    with keyed(create_app(config_for(served, location[0], location[1]))) as test_client:
         yield test_client
 
 
@@ -132,9 +128,10 @@ def test_pointer_switch_is_picked_up_without_restart(client: TestClient, cache: 
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/users/bad%20id/recommendations",
-        "/v1/users/" + "u" * 129 + "/recommendations",
-        "/v1/users/caf%C3%A9/recommendations",
+        "/v1/users/%20bad/recommendations",
+        "/v1/users/bad%09id/recommendations",
+        "/v1/users/" + "u" * 257 + "/recommendations",
+        "/v1/users/u%E2%80%8B1/recommendations",  # a zero-width space
         "/v1/users/user-00001/recommendations?n=0",
         "/v1/users/user-00001/recommendations?n=101",
         "/v1/users/user-00001/recommendations?n=ten",
@@ -152,7 +149,7 @@ def test_health_readiness_and_metrics(client: TestClient, served: Served) -> Non
     assert ready["status"] == "ready" and ready["model_version"].startswith("lightgbm-")
     recommend(client, sorted(served.entries)[0])
     recommend(client, "nobody")
-    client.get("/v1/users/bad%20id/recommendations")
+    client.get("/v1/users/bad%09id/recommendations")
     text = client.get("/metrics").text
     assert 'nightscore_requests_total{endpoint="recommendations",status="200"} 2.0' in text
     assert 'nightscore_requests_total{endpoint="recommendations",status="422"} 1.0' in text
@@ -165,7 +162,7 @@ def test_health_readiness_and_metrics(client: TestClient, served: Served) -> Non
 
 def test_unreachable_cache_is_503_without_fallback(served: Served) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    with TestClient(create_app(config_for(served, dead, "nstest-dead", fallback=False))) as client:
+    with keyed(create_app(config_for(served, dead, "nstest-dead", fallback=False))) as client:
         response = client.get("/v1/users/user-00001/recommendations")
         assert response.status_code == 503 and response.json()["error"] == "CacheUnavailable"
         assert response.headers["retry-after"] == "1"
@@ -175,7 +172,7 @@ def test_unreachable_cache_is_503_without_fallback(served: Served) -> None:
 
 def test_unreachable_cache_falls_back_to_trending_when_configured(served: Served) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    with TestClient(create_app(config_for(served, dead, "nstest-dead"))) as client:
+    with keyed(create_app(config_for(served, dead, "nstest-dead"))) as client:
         body = recommend(client, "user-00001", n=3)
         assert body["fallback"] == "popular" and body["reason"] == "cache_unavailable"
         assert [item["item_id"] for item in body["items"]] == served.fallback[:3]
@@ -196,7 +193,7 @@ def hung_redis() -> Iterator[str]:
 
 def test_a_hung_cache_costs_one_timeout_per_breaker_period_not_per_request(served: Served, hung_redis: str) -> None:
     config = config_for(served, hung_redis, "nstest-hung", cache_timeout_s=0.3, breaker_open_s=30.0)
-    with TestClient(create_app(config)) as client:
+    with keyed(create_app(config)) as client:
         started = time.perf_counter()
         bodies = [recommend(client, f"user-{i:05d}") for i in range(20)]
         elapsed = time.perf_counter() - started
@@ -205,7 +202,7 @@ def test_a_hung_cache_costs_one_timeout_per_breaker_period_not_per_request(serve
 
 
 def test_overload_is_429(cache: CandidateCache, location: tuple[str, str], served: Served) -> None:
-    with TestClient(create_app(config_for(served, location[0], location[1], max_in_flight=0))) as client:
+    with keyed(create_app(config_for(served, location[0], location[1], max_in_flight=0))) as client:
         response = client.get("/v1/users/user-00001/recommendations")
         assert response.status_code == 429 and response.json()["error"] == "Overloaded"
         assert client.get("/healthz").status_code == 200  # probes are never refused
@@ -235,7 +232,7 @@ def test_requests_beyond_max_in_flight_are_429(served: Served, tmp_path: Path) -
         config_for(served, path, "nstest", max_in_flight=1), stores=lambda: (blocking, SqliteEvents(path, 60.0, 100))
     )
     url = f"/v1/users/{sorted(served.entries)[0]}/recommendations"
-    with TestClient(app) as client:
+    with keyed(app) as client:
         first: dict[str, int] = {}
         worker = threading.Thread(target=lambda: first.update(status=client.get(url).status_code))
         worker.start()
@@ -286,7 +283,7 @@ def test_redis_stopped_and_restarted_mid_test(own_redis: dict[str, Any], served:
     url, prefix, user_id = str(own_redis["url"]), "nstest-own", sorted(served.entries)[0]
     with RedisCache(url, prefix) as cache:
         publish(cache, "r1", served.entries)
-        with TestClient(create_app(config_for(served, url, prefix))) as client:
+        with keyed(create_app(config_for(served, url, prefix))) as client:
             assert recommend(client, user_id)["run_id"] == "r1"
             own_redis["stop"]()
             down = recommend(client, user_id)
