@@ -224,6 +224,37 @@ class Staged:
     old_pointer: str | None
 
 
+SCORED_BY = ("small", "large")  # item_scores.scored_by: the model whose topic decision an item carries
+
+
+@dataclass(frozen=True)
+class Routed:
+    """The cascade (models/cascade.py): the items a larger encoder re-scored, why, within which budget, and its curve.
+
+    Nothing routed (no large model, or a budget of 0) leaves every topic decision to the small model, as before.
+    """
+
+    uri: str | None  # routed.parquet: item_id, topic, topic_score of the routed items (None: none routed)
+    curve_uri: str | None  # cascade_curve.parquet: the sample's agreement and cost at each share routed (None: no sample)
+    large_version: str | None  # the large model's vector version (None: no large model configured)
+    budget: str  # the budget as configured ("none", "share 0.2", "30 s", ...)
+    items: int
+    routed: int
+    routed_truncated: int  # routed because the small model truncated the text
+    routed_margin: int  # routed because the top-2 topic margin was small
+    threshold: float | None  # the largest margin routed for its margin
+    sample: int  # items encoded by both models for the curve
+    agreement: float | None  # on the sample, at the run's share routed: cascade topic == all-large topic
+    cost_ratio: float | None  # on the sample, at the run's share routed: cascade / all-large encode seconds
+    large_seconds: float  # the large model's encode seconds (sample and routed items)
+    seconds: float
+
+    @classmethod
+    def nothing(cls, items: int, large_version: str | None, budget: str, seconds: float) -> Routed:
+        """Return the record of a run that routes nothing and draws no curve."""
+        return cls(None, None, large_version, budget, items, 0, 0, 0, None, 0, None, None, 0.0, seconds)
+
+
 @dataclass(frozen=True)
 class Stages:
     """Every node's result of one run, as publication and the report read them."""
@@ -235,10 +266,12 @@ class Stages:
     scored: Scored
     candidates: Candidates
     checked: Checked
+    routed: Routed | None = None  # the cascade's node (None: a run recorded before it)
 
     def seconds(self) -> dict[str, float]:
-        """Return each stage's seconds, in DAG order."""
-        return {name: round(float(getattr(self, attr).seconds), 3) for name, attr in STAGE_NAMES.items()}
+        """Return each stage's seconds, in DAG order (stages the run did not have left out)."""
+        stages = {name: getattr(self, attr) for name, attr in STAGE_NAMES.items()}
+        return {name: round(float(stage.seconds), 3) for name, stage in stages.items() if stage is not None}
 
 
 STAGE_NAMES = {
@@ -246,6 +279,7 @@ STAGE_NAMES = {
     "validate": "validated",
     "plan": "plan",
     "encode": "encoded",
+    "route": "routed",
     "score": "scored",
     "candidates": "candidates",
     "validate_outputs": "checked",
@@ -302,6 +336,15 @@ class RunRecord:
     ranker_version: str | None = None
     candidate_gate: str | None = None
     candidate_fallback: str | None = None
+    cascade_model_version: str | None = None
+    cascade_budget: str | None = None
+    routed_items: int | None = None
+    routed_truncated: int | None = None
+    routed_margin: int | None = None
+    cascade_threshold: float | None = None
+    cascade_agreement: float | None = None
+    cascade_cost_ratio: float | None = None
+    cascade_seconds: float | None = None
     published_at: datetime | None = None
     message: str | None = None
 

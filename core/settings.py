@@ -234,6 +234,39 @@ class TopicSettings(Group):
         description="Topic name -> description embedded as its label.",
     )
     temperature: float = Field(0.05, gt=0, alias="topic_temperature", description="Softmax temperature over label cosines.")
+    # The cascade (docs/cascade.md): every item's topic from the encoder above; the uncertain ones again from a larger one.
+    large_model: str | None = Field(
+        None,
+        description="A local folder in sentence-transformers layout: the larger encoder uncertain topic decisions are "
+        "routed to (loaded offline, run by the same engine and mode settings). None: no cascade, nothing is routed.",
+    )
+    large_max_seq_length: int = Field(
+        512, ge=8, le=512, description="Tokens per text of the large model (a cap: its own max_seq_length applies when lower)."
+    )
+    cascade_budget_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Share of the run's items the large model may re-score (the margin threshold is tuned to it each "
+        "run). None and cascade_budget_s None: nothing is routed; both set: the smaller budget applies.",
+    )
+    cascade_budget_s: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds the large model may spend re-scoring the run's items (its speed is timed on the sample; "
+        "the sample's seconds count too). None: no budget in seconds.",
+    )
+    cascade_sample: int = Field(
+        256,
+        ge=0,
+        le=100_000,
+        description="Items (a seeded random sample) encoded by both models each run for the report's curve: agreement "
+        "with the all-large topics against the share routed and the encode cost (0: no curve).",
+    )
+    cascade_route_truncated: bool = Field(
+        True,
+        description="Route the texts the small model truncated (token_count at its max length) before the uncertain ones.",
+    )
 
 
 class CandidateSettings(Group):

@@ -1,9 +1,9 @@
 """Row contracts of the outputs, checked before publish: item_scores and user_candidates (pandera on polars).
 
 Every per-row and per-user rule of the outputs lives here: keys present and unique, topics in the label set,
-topic_score in [0, 1] and not NaN, finite unit-norm embeddings, min(K, unseen) distinct unseen candidates per user
-ranked 1..n. Dataset-level properties (sizes and distributions against the previous run, users served) are the
-Great Expectations suites' (data_contracts/datasets.py).
+topic_score in [0, 1] and not NaN, scored_by small or large, finite unit-norm embeddings, min(K, unseen) distinct
+unseen candidates per user ranked 1..n. Dataset-level properties (sizes and distributions against the previous run,
+users served) are the Great Expectations suites' (data_contracts/datasets.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import polars as pl
 from pandera.errors import SchemaError, SchemaErrors
 
 from core.errors import ContractViolation
+from core.records import SCORED_BY
 
 ITEM_SCORES_CONTRACT = "item_scores/1"
 USER_CANDIDATES_CONTRACT = "user_candidates/1"
@@ -33,6 +34,7 @@ def item_scores_schema(labels: list[str]) -> pa.DataFrameSchema:
             "token_count": pa.Column(pl.Int32, nullable=False, coerce=True, checks=pa.Check.ge(1), required=False),
             "content_hash": pa.Column(str, nullable=False, checks=pa.Check.str_length(64, 64), required=False),
             "model_version": pa.Column(str, nullable=False, required=False),
+            "scored_by": pa.Column(str, nullable=False, checks=pa.Check.isin(list(SCORED_BY)), required=False),
         },
         name="item_scores",
     )

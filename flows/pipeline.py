@@ -1,4 +1,4 @@
-"""The scoring pipeline every scoring flow shares: inputs -> contracts -> shards -> encoder -> topics -> candidates -> publish."""
+"""The scoring pipeline every scoring flow shares: inputs -> contracts -> shards -> encoder -> cascade -> topics -> candidates."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tasks.ingest import ingest
 from tasks.plan import plan_shards
 from tasks.publish import publish, stage_cache
 from tasks.report import report_run
+from tasks.route import route_topics
 from tasks.score import score_items
 from tasks.serving import publish_serving_node
 from tasks.validate import validate_inputs
@@ -25,10 +26,11 @@ def score_and_publish(run: RunRef) -> Published:
     plan = plan_shards(run, validated)
     shards = encode_shard.map(unmapped(run), unmapped(plan), list(plan.shards)).result()
     encoded = merge_encode_stats(shards, plan)
-    scored = score_items(run, plan, shards)
+    routed = route_topics(run, plan, shards)
+    scored = score_items(run, plan, shards, routed)
     candidates = build_candidates(run, validated, scored)
     checked = validate_outputs(run, plan, validated, scored, candidates)
-    stages = Stages(ingested, validated, plan, encoded, scored, candidates, checked)
+    stages = Stages(ingested, validated, plan, encoded, scored, candidates, checked, routed)
     with transaction():  # cache and warehouse publish together: a failing step rolls the other back (on_rollback hooks)
         staged = stage_cache(run, candidates, checked)
         published = publish(run, stages, staged)

@@ -213,6 +213,7 @@ def summary_text(
         _encode_line(published),
         f"  model {r.model_version}",
         *_engine_line(r),
+        *_cascade_line(r),
         f"  candidates on held-out interactions: fused recall@K {_num(r.recall_at_k)} (popularity"
         f" {_num(r.popularity_recall_at_k)}), ranked NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)}),"
         f" cold-item recall@K {_num(r.cold_recall_at_k)}; ranker {r.ranker_kind or 'none'}",
@@ -303,6 +304,21 @@ def _engine_line(r: RunRecord) -> list[str]:
         else "pinned"
     )
     return [f"  engine: {r.backend}/{r.precision}@{r.token_budget} ({how}); min cosine to torch fp32 {r.fidelity_min:.5f}"]
+
+
+def _cascade_line(r: RunRecord) -> list[str]:
+    """Return the topic cascade's line (docs/cascade.md): the large model, how many items it re-scored and why."""
+    if r.cascade_model_version is None:
+        return []
+    sample = (
+        f"; sample: {100 * r.cascade_agreement:.1f}% agree with all-large at {r.cascade_cost_ratio:.2f} of its cost"
+        if r.cascade_agreement is not None and r.cascade_cost_ratio is not None
+        else ""
+    )
+    return [
+        f"  topic cascade ({r.cascade_budget}): {r.routed_items} item(s) re-scored by {r.cascade_model_version} "
+        f"({r.routed_truncated} truncated, {r.routed_margin} by margin) in {_num(r.cascade_seconds)} s{sample}"
+    ]
 
 
 def _encode_line(published: Published) -> str:

@@ -23,13 +23,14 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
 from core import failpoints
 from core.errors import PublishError
-from core.records import RunRecord, RunRef, Stages
+from core.records import Routed, RunRecord, RunRef, Stages
 from core.settings import Settings
 from storage import duckdb_lake
 from storage.cache import CandidateCache
@@ -342,4 +343,22 @@ def run_record(
         calibrated_tokens_per_s=encoded.engine.calibrated_tokens_per_s,
         calibration_from_cache=encoded.engine.calibration_from_cache,
         engine_choice=encoded.engine.choice,
+        **cascade_columns(stages.routed),
     )
+
+
+def cascade_columns(routed: Routed | None) -> dict[str, Any]:
+    """Return the scoring_runs columns of the cascade: its model, budget, routed items and why, its sample's figures."""
+    if routed is None or routed.large_version is None:
+        return {}
+    return {
+        "cascade_model_version": routed.large_version,
+        "cascade_budget": routed.budget,
+        "routed_items": routed.routed,
+        "routed_truncated": routed.routed_truncated,
+        "routed_margin": routed.routed_margin,
+        "cascade_threshold": routed.threshold,
+        "cascade_agreement": routed.agreement,
+        "cascade_cost_ratio": routed.cost_ratio,
+        "cascade_seconds": round(routed.large_seconds, 3),
+    }

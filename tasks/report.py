@@ -121,12 +121,12 @@ def previous_scores(lake: Lake, warehouse: Warehouse, run: RunRef) -> tuple[str,
 
 
 def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict[str, bytes]:
-    """Return the run's PNG plots by title: topics, token lengths, topic_score vs the previous run, candidate quality."""
+    """Return the run's PNG plots by title: the cascade, topics, token lengths, topic_score vs the previous run, candidates."""
     scores = lake.read_parquet(stages.scored.uri, "item_scores", columns=["topic", "topic_score"])
     shares = scores.group_by("topic").len().sort("len", descending=True)
     lengths = lake.read_parquet(stages.plan.plan_uri, "plan", columns=["token_count"]).get_column("token_count").to_numpy()
     previous = previous_scores(lake, warehouse, run)
-    return {
+    return cascade_plot(lake, stages) | {
         "Topic distribution": draw.topic_distribution(shares.get_column("topic").to_list(), shares.get_column("len").to_list()),
         "Token lengths and bucket boundaries": draw.token_lengths(lengths, run.settings.encoder.bucket_boundaries),
         "topic_score vs the previous run": draw.score_distributions(
@@ -134,6 +134,19 @@ def plots(lake: Lake, warehouse: Warehouse, run: RunRef, stages: Stages) -> dict
         ),
         "Candidates on held-out interactions": _quality_plot(quality_rows(lake, stages), run.settings.candidates.top_k),
     }
+
+
+CASCADE_TITLE = "Cascade: agreement with the all-large topics and encode cost vs share routed"
+
+
+def cascade_plot(lake: Lake, stages: Stages) -> dict[str, bytes]:
+    """Return the cascade's curve on the run's sample by title (nothing when the run drew none)."""
+    if stages.routed is None or stages.routed.curve_uri is None:
+        return {}
+    frame = lake.read_parquet(stages.routed.curve_uri, "cascade_curve")
+    curve, mine = frame.filter(pl.col("point") == "curve"), frame.filter(pl.col("point") == "run").row(0, named=True)
+    share, agreement, cost = (curve.get_column(c).to_list() for c in ("share_routed", "agreement", "cost_ratio"))
+    return {CASCADE_TITLE: draw.cascade_curve(share, agreement, cost, (mine["share_routed"], mine["agreement"]))}
 
 
 QUALITY_ORDER = (

@@ -120,6 +120,7 @@ def summary_markdown(
         ("device", r.device if computed else NOTHING_ENCODED),
         ("wall", f"{r.wall_seconds:.1f} s"),
         ("encode mode", _engine(r)),
+        ("topic cascade", _cascade(r)),
         ("GPU-hours", f"{spend['gpu_hours']:.4f}"),
         (f"cost per 1k items (at ${settings.ops.hourly_price_usd:.2f}/h)", f"${spend['cost_per_1k_items']:.4f}"),
     ]
@@ -150,6 +151,22 @@ def _engine(r: RunRecord) -> str:
         else "pinned"
     )
     return f"`{r.backend}/{r.precision}@{r.token_budget}` ({how}); min cosine to torch fp32 {_number(r.fidelity_min, 5)}"
+
+
+def _cascade(r: RunRecord) -> str:
+    """Return the cascade's cell: the large model, the budget, how many items it re-scored and why, the sample's figures."""
+    if r.cascade_model_version is None:
+        return "off (no large model: every topic from the small model)"
+    threshold = "" if r.cascade_threshold is None else f", margin <= {r.cascade_threshold:.4f}"
+    sample = (
+        f"; on the sample {100 * r.cascade_agreement:.1f}% agree with all-large at {r.cascade_cost_ratio:.2f} of its cost"
+        if r.cascade_agreement is not None and r.cascade_cost_ratio is not None
+        else ""
+    )
+    return (
+        f"`{r.cascade_model_version}`, budget {r.cascade_budget}: {r.routed_items} item(s) routed "
+        f"({r.routed_truncated} truncated, {r.routed_margin} by margin{threshold}) in {_number(r.cascade_seconds, 1)} s{sample}"
+    )
 
 
 def _published_list(fallback: str | None) -> str:

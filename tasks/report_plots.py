@@ -1,4 +1,4 @@
-"""PNG plots of a run for its page in the Prefect UI: topic shares, token lengths, topic_score vs the previous run."""
+"""PNG plots of a run for its page in the Prefect UI: topic shares, token lengths, topic_score vs the previous run, cascade."""
 
 from __future__ import annotations
 
@@ -72,4 +72,20 @@ def retrieval_quality(methods: Sequence[str], recall: Sequence[float], ndcg: Seq
     ax.set_title("Candidates on held-out interactions")
     ax.tick_params(axis="x", labelrotation=30)
     ax.legend()
+    return _png(plt, fig)
+
+
+def cascade_curve(share: Sequence[float], agreement: Sequence[float], cost: Sequence[float], run: tuple[float, float]) -> bytes:
+    """Return a PNG of the cascade on the run's sample: agreement with the all-large topics and relative encode cost
+    against the share routed, the run's own point marked, and the lines of 98% agreement and 35% cost."""
+    plt, fig, ax = _figure()
+    ax.plot(list(share), list(agreement), marker="o", color="#3b6ea5", label="agreement with all-large")
+    ax.plot(list(share), list(cost), marker="s", color="#d08c2e", label="encode cost / all-large")
+    ax.scatter([run[0]], [run[1]], s=120, facecolors="none", edgecolors="#c0392b", linewidths=2, label="this run", zorder=3)
+    ax.axhline(0.98, color="#3b6ea5", linestyle=":", linewidth=1)
+    ax.axhline(0.35, color="#d08c2e", linestyle=":", linewidth=1)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel("share of items routed to the large model")
+    ax.set_title("Cascade on the run's sample (dotted: 98% agreement, 35% cost)")
+    ax.legend(loc="lower right", fontsize=8)
     return _png(plt, fig)

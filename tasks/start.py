@@ -33,6 +33,7 @@ from storage.lake import Lake
 from storage.publication import reconcile_cache
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse.base import Warehouse
+from tasks.route import check_large_model
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def start_run(
     apply_runtime_defaults(cfg)
     inputs = None if resume else run_inputs(cfg, items_uri, interactions_uri)  # refused before any work
     lake, dim = lake_for(cfg), embedding_dim(EncoderSpec.from_settings(cfg))
+    check_large_model(cfg)  # a configured large model that is not there fails the run now, not after encoding
     warehouse = warehouse_for(cfg, dim)
     with cache_for(cfg) as cache:
         reconcile_cache(warehouse, cache)

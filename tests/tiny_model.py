@@ -21,8 +21,11 @@ SEED = 0
 FOLDER: list[Path] = []  # the session's folder, once tests/conftest.py's session fixture wrote it
 
 
-def write_tiny_model(folder: Path) -> Path:
-    """Return folder after writing the tiny model into it (config, seeded weights, MiniLM's tokenizer) unless present."""
+def write_tiny_model(folder: Path, layers: int = 1, seed: int = SEED) -> Path:
+    """Return folder after writing the tiny model into it (config, seeded weights, MiniLM's tokenizer) unless present.
+
+    ``layers`` and ``seed`` make its larger twin (tests of the cascade): the same width and tokenizer, more layers.
+    """
     with FileLock(str(folder.parent / f"{folder.name}.lock")):
         if (folder / "model.safetensors").is_file():
             return folder
@@ -33,13 +36,13 @@ def write_tiny_model(folder: Path) -> Path:
 
         config = transformers.BertConfig(
             hidden_size=384,
-            num_hidden_layers=1,
+            num_hidden_layers=layers,
             num_attention_heads=6,
             intermediate_size=384,
             vocab_size=30522,
             max_position_embeddings=512,
         )
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
         model = transformers.BertModel(config, add_pooling_layer=False).eval()
         partial = folder.with_name(folder.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)

@@ -124,6 +124,21 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
             "the source whose list was published instead of the fused one (it beat the fusion on the validation "
             "split with confidence); null: the fused list"
         ),
+        "cascade_model_version": (
+            "the large model uncertain topic decisions were routed to (`NIGHTSCORE_LARGE_MODEL`, name@digest); null: "
+            "no cascade (docs/cascade.md)"
+        ),
+        "cascade_budget": "the cascade's budget: `share 0.2`, `30 s`, both, or `none` (nothing routed)",
+        "routed_items": "items whose topic the large model decided (item_scores.scored_by = 'large'); null: no cascade",
+        "routed_truncated": "of those, routed because the small model truncated their text",
+        "routed_margin": "of those, routed because their top-2 topic margin was under the threshold",
+        "cascade_threshold": "the largest top-2 margin routed for its margin: where the budget put the threshold this run",
+        "cascade_agreement": (
+            "on the run's sample (items both models scored): share whose cascade topic is the all-large topic, at the "
+            "run's share routed"
+        ),
+        "cascade_cost_ratio": "on the run's sample: the cascade's encode seconds / the all-large encode seconds",
+        "cascade_seconds": "seconds the large model spent encoding (the sample and the routed items)",
     },
     "item_scores": {
         "run_id": "the run that scored it",
@@ -132,6 +147,10 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "model_version": "the encoder's version",
         "topic": "the best-matching topic label",
         "topic_score": "probability of that topic: softmax over the labels of cosine(item, label) / temperature, in [0, 1]",
+        "scored_by": (
+            "which model decided topic and topic_score: `small` (the encoder of the embedding) or `large` (routed by "
+            "the cascade, docs/cascade.md); null in runs before the cascade"
+        ),
         "token_count": "tokens of the item's text (after truncation)",
         "content_hash": "hash of the text the embedding was computed from",
         "embedding": (

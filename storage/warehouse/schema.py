@@ -86,6 +86,17 @@ RUN_COLUMNS: dict[str, str] = {
     # the candidate gate's outcome and the source published instead of the fused list (issue 33)
     "candidate_gate": "text",
     "candidate_fallback": "text",
+    # the cascade (issue 36): the large model uncertain topic decisions were routed to, the budget, how many were
+    # routed and why, and on the run's sample what that kept of the all-large topics at what share of its cost
+    "cascade_model_version": "text",
+    "cascade_budget": "text",
+    "routed_items": "bigint",
+    "routed_truncated": "bigint",
+    "routed_margin": "bigint",
+    "cascade_threshold": "double",
+    "cascade_agreement": "double",
+    "cascade_cost_ratio": "double",
+    "cascade_seconds": "double",
 }
 
 # Candidate sources whose rank and score each user_candidates row carries (null: the source did not list the item).
@@ -100,6 +111,7 @@ TABLES: dict[str, dict[str, str]] = {
         "model_version": "text NOT NULL",
         "topic": "text NOT NULL",
         "topic_score": "double NOT NULL",
+        "scored_by": "text",  # nullable in the DDL only: warehouses made before the cascade get it by ALTER TABLE
         "token_count": "int NOT NULL",
         "content_hash": "text NOT NULL",
         "embedding": "vector NOT NULL",
