@@ -46,3 +46,8 @@ def post(url: str, **kwargs: Any) -> httpx.Response:
 def delete(url: str, **kwargs: Any) -> httpx.Response:
     """DELETE url, retried while the server is busy."""
     return request("DELETE", url, **kwargs)
+
+
+def patch(url: str, **kwargs: Any) -> httpx.Response:
+    """PATCH url, retried while the server is busy."""
+    return request("PATCH", url, **kwargs)

@@ -12,8 +12,8 @@ import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -66,21 +66,28 @@ def worker(deployed: dict[str, Any]) -> Iterator[None]:
         log.close()
 
 
-def cancel_for_good(api: str, flow_run_id: str) -> None:
-    """Force a flow run to Cancelled and wait until it stays there (a worker that already took it may propose Running
-    once more after the first cancel: then it is cancelled again)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done = rest.post(
-            f"{api}/flow_runs/{flow_run_id}/set_state",
-            json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True},
-            timeout=10,
-        )
-        assert done.status_code in (200, 201), done.text
-        time.sleep(2)
-        if rest.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"] == "CANCELLED":
-            return
-    raise AssertionError(f"flow run {flow_run_id} did not stay cancelled")
+def cancel(api: str, flow_run_id: str) -> None:
+    """Force a flow run to Cancelled (its pool paused: no worker has it)."""
+    done = rest.post(
+        f"{api}/flow_runs/{flow_run_id}/set_state",
+        json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True},
+        timeout=10,
+    )
+    assert done.status_code in (200, 201) and done.json()["status"] == "ACCEPT", done.text
+
+
+@contextmanager
+def paused_pool(api: str, made: list[str]) -> Iterator[None]:
+    """Pause the work pool while the block runs (a running worker takes nothing from it), then cancel the flow runs
+    named in `made` and resume the pool: the module's later tests find it as they would have."""
+    paused = rest.patch(f"{api}/work_pools/nightscore", json={"is_paused": True}, timeout=10)
+    assert paused.status_code == 204, paused.text
+    try:
+        yield
+    finally:
+        for flow_run_id in made:
+            cancel(api, flow_run_id)
+        rest.patch(f"{api}/work_pools/nightscore", json={"is_paused": False}, timeout=10)
 
 
 def create(api: str, name: str, parameters: dict[str, Any], **extra: Any) -> httpx.Response:
@@ -215,19 +222,24 @@ def test_cli_trigger_says_when_it_returns_an_existing_run_and_new_files_make_a_n
     items.write_bytes(b"PAR1 not read by the trigger")
     interactions.write_bytes(b"PAR1 not read either")
     args = ("trigger", "on-demand", "--items", str(items), "--interactions", str(interactions), "--run-date", "2026-11-30")
-    first = nightscore(*args, env=env)
-    assert first.returncode == 0 and "existing" not in first.stderr, first.stderr
-    again = nightscore(*args, env=env)
-    assert again.stdout.split()[0] == first.stdout.split()[0]
-    assert f"returned the existing flow run {first.stdout.split()[0]}" in again.stderr
-    cancel_for_good(deployed["api"], first.stdout.split()[0])
-    retried = nightscore(*args, env=env)  # the same request after its run was cancelled: a new run, and it says so
-    assert retried.returncode == 0 and retried.stdout.split()[0] != first.stdout.split()[0], retried.stderr
-    assert f"run {first.stdout.split()[0]} ended Cancelled: started a new one" in retried.stderr
-    assert nightscore(*args, env=env).stdout.split()[0] == retried.stdout.split()[0]  # and that one answers retries
-    items.write_bytes(b"PAR1 a new export under the same name")
-    fresh = nightscore(*args, env=env)
-    assert fresh.returncode == 0 and fresh.stdout.split()[0] != first.stdout.split()[0] and "existing" not in fresh.stderr
+    made: list[str] = []
+    with paused_pool(deployed["api"], made):  # no worker takes these runs: a cancelled one stays cancelled
+        first = nightscore(*args, env=env)
+        assert first.returncode == 0 and "existing" not in first.stderr, first.stderr
+        made.append(first.stdout.split()[0])
+        again = nightscore(*args, env=env)
+        assert again.stdout.split()[0] == first.stdout.split()[0]
+        assert f"returned the existing flow run {first.stdout.split()[0]}" in again.stderr
+        cancel(deployed["api"], first.stdout.split()[0])
+        retried = nightscore(*args, env=env)  # the same request after its run was cancelled: a new run, and it says so
+        assert retried.returncode == 0 and retried.stdout.split()[0] != first.stdout.split()[0], retried.stderr
+        made.append(retried.stdout.split()[0])
+        assert f"run {first.stdout.split()[0]} ended Cancelled: started a new one" in retried.stderr
+        assert nightscore(*args, env=env).stdout.split()[0] == retried.stdout.split()[0]  # and that one answers retries
+        items.write_bytes(b"PAR1 a new export under the same name")
+        fresh = nightscore(*args, env=env)
+        assert fresh.returncode == 0 and fresh.stdout.split()[0] != first.stdout.split()[0] and "existing" not in fresh.stderr
+        made.append(fresh.stdout.split()[0])
     schema = nightscore("trigger", "on-demand", "--callback-url", "http://localhost./x", env=env)
     assert schema.returncode == 2 and schema.stderr.count("\n") == 1 and "callback_url" in schema.stderr, schema.stderr
     assert "^" not in schema.stderr and len(schema.stderr) < 300  # one line a person reads, never the schema's regex
