@@ -9,9 +9,13 @@ No Prefect: the flow tier covers the nightly run itself. Services built here car
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,49 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def own_redis_server(folder: Path, password: str | None = None) -> Iterator[dict[str, Any]]:
+    """Yield a controller of a redis-server run on a free port (port, url, start, stop), optionally with a password;
+    it can be stopped and started again, and is killed after. Skips the test where redis-server is not installed."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port, procs = free_port(), []
+    auth = ["--requirepass", password] if password else []
+
+    def start() -> None:
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
+        procs.append(subprocess.Popen([*args, *auth], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 20
+        while not _answers(port, password):
+            assert time.monotonic() < deadline, f"redis-server on port {port} did not start"
+            time.sleep(0.05)
+
+    def stop() -> None:
+        procs[-1].terminate()
+        procs[-1].wait(timeout=20)
+
+    start()
+    try:
+        yield {"port": port, "url": f"redis://127.0.0.1:{port}/0", "start": start, "stop": stop}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=20)
+
+
+def _answers(port: int, password: str | None) -> bool:
+    """Return True when the redis-server on port answers PING."""
+    client = redis.Redis(port=port, password=password, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.ConnectionError:
+        return False
+    finally:
+        client.close()
 
 
 def service_config(location: str, prefix: str, lake_root: Path, **overrides: Any) -> ServingConfig:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ from serving.app import RECOMMEND_PREFIX, app_from_environment, create_app, reco
 from serving.ranking import Recommendation
 from storage.cache import RedisCache, SqliteCache
 from storage.cache_async import RedisReader
-from tests.service.conftest import API_KEY, REDIS_URL, Served, free_port, keyed, publish, service_config
+from tests.service.conftest import API_KEY, REDIS_URL, Served, keyed, own_redis_server, publish, service_config
 
 ROUTE = "/v1/users/{user_id:path}/recommendations"
 PASSWORD = "hot-path-test-password"
@@ -214,39 +212,8 @@ def test_the_reads_of_one_turn_go_out_in_one_write(served: Served, prefix: str) 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Yield a redis-server of this test's own, with a password (stopped after); it can be restarted."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    port, procs = free_port(), []
-
-    def start() -> None:
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        procs.append(subprocess.Popen([*args, "--dir", str(tmp_path), "--requirepass", PASSWORD], stdout=subprocess.DEVNULL))
-        deadline = time.monotonic() + 20
-        while not _answers(port):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-
-    def stop() -> None:
-        procs[-1].terminate()
-        procs[-1].wait(timeout=20)
-
-    start()
-    yield {"port": port, "start": start, "stop": stop}
-    for proc in procs:
-        proc.kill()
-        proc.wait(timeout=20)
-
-
-def _answers(port: int) -> bool:
-    """Return True when the redis-server on port answers PING."""
-    client = redis.Redis(port=port, password=PASSWORD, socket_connect_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.exceptions.ConnectionError:
-        return False
-    finally:
-        client.close()
+    with own_redis_server(tmp_path, PASSWORD) as server:
+        yield server
 
 
 def test_the_pipelined_read_logs_in_selects_its_db_and_recovers(own_redis: dict[str, Any], served: Served) -> None:

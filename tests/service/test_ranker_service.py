@@ -7,9 +7,7 @@ the lake, one encoded entry per user. One test runs its own redis-server, stops 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from core.errors import ModelLoadError
@@ -28,7 +25,7 @@ from storage.cache import CandidateCache, RedisCache, SqliteCache
 from storage.cache_async import Found, SqliteReader
 from storage.candidate_payload import decode_entry
 from storage.events import SqliteEvents
-from tests.service.conftest import REDIS_URL, K, Served, free_port, keyed, publish, service_config
+from tests.service.conftest import REDIS_URL, K, Served, free_port, keyed, own_redis_server, publish, service_config
 
 WAIT_S = 20.0  # deadlock guard only
 
@@ -247,36 +244,8 @@ def test_requests_beyond_max_in_flight_are_429(served: Served, tmp_path: Path) -
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Yield a controller of a redis-server this test runs itself on a free port (stopped after)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    port, procs = free_port(), []
-
-    def start() -> None:
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
-        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        probe = redis.Redis(port=port, socket_connect_timeout=0.5)
-        wait_until(lambda: _answers(probe), f"redis-server on port {port}")
-        probe.close()
-
-    def stop() -> None:
-        procs[-1].terminate()
-        procs[-1].wait(timeout=WAIT_S)
-
-    start()
-    yield {"url": f"redis://127.0.0.1:{port}/0", "start": start, "stop": stop}
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=WAIT_S)
-
-
-def _answers(client: redis.Redis) -> bool:
-    """Return True when a Redis server answers PING."""
-    try:
-        return bool(client.ping())
-    except redis.exceptions.ConnectionError:
-        return False
+    with own_redis_server(tmp_path) as server:
+        yield server
 
 
 def test_redis_stopped_and_restarted_mid_test(own_redis: dict[str, Any], served: Served) -> None:
