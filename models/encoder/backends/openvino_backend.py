@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.encoder.backends import vendor_telemetry
 from models.encoder.backends.base import BackendRequest, BackendUnavailable, HiddenStates, converted_dir
 from models.encoder.backends.openvino_int8.process import quantize_isolated
 from models.encoder.backends.openvino_int8.search import MARGIN, Inputs, Validation
@@ -32,6 +33,7 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 def unavailable_reason(precision: str, device: torch.device) -> str | None:
     """Return why OpenVINO cannot run precision on device, or None when it can."""
+    vendor_telemetry.decline()  # before OpenVINO or NNCF can start theirs
     try:
         import openvino  # noqa: F401
     except ImportError:
@@ -66,6 +68,8 @@ def inference_hint(precision: str) -> str:
 def convert(module: torch.nn.Module) -> Any:  # an openvino.Model (imported on first use)
     """Return the float OpenVINO model of a torch module, with dynamic batch and length."""
     import openvino as ov
+
+    vendor_telemetry.decline()  # the converter sends an event per operation otherwise
 
     example = {"input_ids": torch.ones(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
     return ov.convert_model(

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from models.encoder.backends import vendor_telemetry
 from models.encoder.backends.base import BackendUnavailable
 from models.encoder.backends.openvino_int8.search import (
     Int8NotFaster,
@@ -119,6 +120,7 @@ def read_job(folder: Path) -> tuple[Any, list[dict[str, np.ndarray]], Validation
 
 def main(folder_name: str) -> None:
     """Run the job in folder_name (the child's entry point): int8.xml + result.json, or error.json."""
+    vendor_telemetry.decline()  # before OpenVINO and NNCF load: their usage events otherwise
     import openvino as ov  # the runtime loads in the child only
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
