@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.helpers import CLI_CALIBRATION, OPENVINO_CALIBRATION
 from tests.tiny_model import FOLDER, NAME, write_tiny_model
 
 
@@ -66,36 +67,42 @@ def _session_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
     return base if worker_id == "master" else base.parent
 
 
-@pytest.fixture(scope="session")
-def calibrated_engine_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """Return the session's engine cache with `auto` calibrated once on the default settings (what a CLI run reads).
-
-    Where int8 can win on this machine, that calibration searched MiniLM's static int8 too (2-4 min): the slowest
-    step of the suite, run once for all workers (two at once doubled its time and memory).
-    """
-    root = _session_root(tmp_path_factory, worker_id)
-    cache, marker = root / "engine-cache", root / "engine-cache-calibrated.json"
-    with FileLock(str(root / "engine-cache.lock")):
+def _calibrated(root: Path, name: str, fields: dict[str, object]) -> Path:
+    """Return the engine cache `name` under root after MiniLM's `auto` calibrated there once with these encoder
+    settings (one worker measures, under a file lock: two at once doubled the time and memory)."""
+    cache, marker = root / name, root / f"{name}-calibrated.json"
+    with FileLock(str(root / f"{name}.lock")):
         if not marker.exists():
             from core.settings import EncoderSettings, Settings
             from models.encoder.loader import load_encoder
             from models.encoder.spec import EncoderSpec
 
-            encoder = load_encoder(EncoderSpec.from_settings(Settings(encoder=EncoderSettings(engine_cache_dir=cache))))
+            encoder_settings = EncoderSettings(engine_cache_dir=cache, **fields)
+            encoder = load_encoder(EncoderSpec.from_settings(Settings(encoder=encoder_settings)))
             marker.write_text(json.dumps({"mode": encoder.mode.label}))
     return cache
 
 
 @pytest.fixture(scope="session")
-def minilm_int8(calibrated_engine_cache: Path) -> SharedInt8:
-    """Return the engine cache with MiniLM's static int8 as auto's calibration searched it, and what the search cost.
+def calibrated_engine_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """Return the session's engine cache with `auto` calibrated once under CLI_CALIBRATION (what a CLI run given
+    those settings reads): the torch backend's precisions at one budget, seconds where the whole machine's
+    calibration takes minutes (tests/unit/test_calibration_policy.py and tests/model/ test the rest of auto)."""
+    return _calibrated(_session_root(tmp_path_factory, worker_id), "engine-cache-torch", CLI_CALIBRATION)
+
+
+@pytest.fixture(scope="session")
+def minilm_int8(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> SharedInt8:
+    """Return the engine cache with MiniLM's static int8 as auto searched it on the OpenVINO backend, and what the
+    search cost (auto narrowed to OpenVINO at one budget: int8 is searched only where it can beat float).
 
     Where auto refused OpenVINO int8 on this machine (all-int8 no faster than float: no VNNI), skip with its note.
     """
-    reports = sorted(calibrated_engine_cache.glob("converted/*/openvino-*-int8-floor0.99/quantization.json"))
+    cache = _calibrated(_session_root(tmp_path_factory, worker_id), "engine-cache-openvino", OPENVINO_CALIBRATION)
+    reports = sorted(cache.glob("converted/*/openvino-*-int8-floor0.99/quantization.json"))
     if not reports:
-        pytest.skip(f"auto did not keep OpenVINO int8 here: {_calibration_note(calibrated_engine_cache, 'openvino/int8')}")
-    return SharedInt8(calibrated_engine_cache, float(json.loads(reports[0].read_text())["seconds"]))
+        pytest.skip(f"auto did not keep OpenVINO int8 here: {_calibration_note(cache, 'openvino/int8')}")
+    return SharedInt8(cache, float(json.loads(reports[0].read_text())["seconds"]))
 
 
 def _calibration_note(cache: Path, mode: str) -> str:

@@ -13,10 +13,12 @@ from typing import Any
 import polars as pl
 import pytest
 
+from tests.helpers import CLI_CALIBRATION, calibration_environment
+
 CLI = [str(Path(sys.executable).with_name("nightscore"))]
 
-# The first test's setup waits for the session's MiniLM int8 search and `auto` calibration (shared with the model
-# tier's workers). On a 2-core AVX2-only host with the other worker busy they took 279 s and over 330 s: more than the
+# The first test's setup may wait for the session's MiniLM calibration (tests/conftest.py). When it was the whole
+# machine's, on a 2-core AVX2-only host with the other worker busy, it took 279 s and over 330 s: more than the
 # suite's 600 s per-test timeout, which then failed every test of the module at setup.
 pytestmark = pytest.mark.timeout(1800)
 
@@ -58,7 +60,7 @@ def demo_run(
         "--run-date",
         "2026-11-30",
         home=home,
-        settings={"NIGHTSCORE_ENGINE_CACHE_DIR": str(calibrated_engine_cache)},
+        settings={"NIGHTSCORE_ENGINE_CACHE_DIR": str(calibrated_engine_cache), **calibration_environment(CLI_CALIBRATION)},
     )
     return home, inputs, run
 

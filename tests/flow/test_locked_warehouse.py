@@ -45,7 +45,7 @@ def test_a_held_lock_fails_every_previous_run_lookup_and_the_run_clearly(
 ) -> None:
     folder = demo_inputs(tmp_path / "in", items=120, users=30, seed=3)
     first = nightly(params(folder, "2026-11-29"))
-    monkeypatch.setenv("NIGHTSCORE_WAREHOUSE_LOCK_TIMEOUT_S", "2")
+    monkeypatch.setenv("NIGHTSCORE_WAREHOUSE_LOCK_TIMEOUT_S", "0.5")  # each lookup waits this long, then fails
     cfg = load_settings()
     lake: Lake = lake_for(cfg)
     warehouse: Warehouse = warehouse_for(cfg)
