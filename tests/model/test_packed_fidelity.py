@@ -79,16 +79,22 @@ def test_packed_equals_padded_on_the_device_and_cpu_fp32(cpu_fp32: TextEncoder, 
     assert stats.padded_tokens == stats.real_tokens and stats.truncated >= 4
 
 
+@pytest.fixture(scope="module")
+def every_length(cpu_fp32: TextEncoder) -> tuple[TokenizedTexts, np.ndarray]:
+    """Return rows of every length and their CPU fp32 vectors, padded one row per batch: no padding at all."""
+    tokens = _every_length(cpu_fp32)
+    return tokens, run_batches(cpu_fp32, tokens, [np.array([i]) for i in range(len(tokens))])[0]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_every_length_and_a_batch_of_one(cpu_fp32: TextEncoder, precision: str) -> None:
+def test_every_length_and_a_batch_of_one(every_length: tuple[TokenizedTexts, np.ndarray], precision: str) -> None:
     device = _device()
     reason = unavailable_reason("torch-packed", precision, device)
     if reason:
         pytest.skip(f"torch-packed/{precision} on {device.type}: {reason}")
     packed = _encoder(device, "torch-packed", precision)
-    tokens = _every_length(packed)
+    tokens, reference = every_length
     alone = [np.array([i]) for i in range(len(tokens))]
-    reference, _ = run_batches(cpu_fp32, tokens, alone)  # padded, one row per batch: no padding at all
     together, _ = run_batches(packed, tokens, plan_packed(tokens.lengths, 4096))
     singles, _ = run_batches(packed, tokens, alone)
     floor = 0.9999 if precision == "fp32" else 0.999
