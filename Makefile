@@ -16,7 +16,7 @@ demo: env  ## the demo nightly run on embedded defaults (DuckDB, SQLite cache, l
 # OMP_WAIT_POLICY=PASSIVE: the workers' torch threads sleep instead of spinning while they wait, so two workers on
 # two cores do not burn each other's time (measured: 8% less wall time, 13% less CPU on two model/flow modules).
 test: env  ## the whole test suite on every core, one worker per test module (PostgreSQL/Redis on 127.0.0.1 for the service tier)
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=15
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 test-gpu-dry-run: env  ## benchmarks/gpu_check.sh run --dry-run end to end (5-10 minutes; not in `make test`)
 	$(PY) -m pytest -q -p no:cacheprovider -m gpu_dry_run tests/model/test_gpu_check_dry_run.py

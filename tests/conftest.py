@@ -25,6 +25,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 
+# Tiers in the order the workers should take them (make test runs xdist with --dist loadfile --no-loadscope-reorder):
+# the few long modules (servers, subprocess runs, the real model) first, the many short ones last to fill the tail.
+# xdist's own order (most tests first) started the longest modules last, and one worker ran them alone.
+TIER_ORDER = ("flow", "model", "cli", "service", "storage", "contract", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the collected tests tier by tier (TIER_ORDER), keeping each module's own order."""
+
+    def tier(item: pytest.Item) -> int:
+        parts = item.path.relative_to(Path(__file__).parent).parts
+        return TIER_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in TIER_ORDER else len(TIER_ORDER)
+
+    items.sort(key=tier)
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Return a fresh NIGHTSCORE_HOME for this test (exported, so flow tasks see it)."""
