@@ -6,8 +6,6 @@ benchmarks/gpu_check.sh runs this file with NIGHTSCORE_DEVICE=cuda on the GPU ho
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -37,10 +35,9 @@ def _device() -> torch.device:
     return resolve_device(load_settings().encoder.device)
 
 
-def _spec(device: torch.device, backend: str, precision: str, cache_dir: Path | None = None) -> EncoderSpec:
+def _spec(device: torch.device, backend: str, precision: str) -> EncoderSpec:
     model = load_settings().encoder.model
-    cache = str(cache_dir) if cache_dir else None
-    return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model, cache_dir=cache)
+    return EncoderSpec(device=str(device), backend=backend, precision=precision, model_path=model)
 
 
 @pytest.fixture(scope="module")

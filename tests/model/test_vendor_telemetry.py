@@ -15,10 +15,8 @@ CONVERT = """
 from types import SimpleNamespace
 
 import torch
-from models.encoder.backends.openvino_backend import convert, unavailable_reason
+from models.encoder.backends.openvino_backend import convert
 from openvino_telemetry import Telemetry
-
-assert unavailable_reason("fp32", torch.device("cpu")) is None
 
 
 class Tiny(torch.nn.Module):
@@ -40,7 +38,7 @@ def test_a_conversion_in_a_fresh_home_sends_no_telemetry(tmp_path: Path) -> None
     """Without the decline, openvino_telemetry finds no consent file, takes that as consent, writes a client id
     under ~/intel and sends an event per converted operation from a forked process."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", CONVERT], capture_output=True, text=True, env=env, cwd=Path.cwd(), timeout=300)
+    done = subprocess.run([sys.executable, "-c", CONVERT], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "consent False" in done.stdout
     assert not (tmp_path / "intel").exists()  # no client id, no usage counter

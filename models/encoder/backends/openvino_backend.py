@@ -33,7 +33,7 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 def unavailable_reason(precision: str, device: torch.device) -> str | None:
     """Return why OpenVINO cannot run precision on device, or None when it can."""
-    vendor_telemetry.decline()  # before OpenVINO or NNCF can start theirs
+    vendor_telemetry.decline()  # before OpenVINO loads: importing it already writes a client id
     try:
         import openvino  # noqa: F401
     except ImportError:
@@ -67,9 +67,8 @@ def inference_hint(precision: str) -> str:
 
 def convert(module: torch.nn.Module) -> Any:  # an openvino.Model (imported on first use)
     """Return the float OpenVINO model of a torch module, with dynamic batch and length."""
+    vendor_telemetry.decline()  # before OpenVINO loads; its converter sends an event per operation otherwise
     import openvino as ov
-
-    vendor_telemetry.decline()  # the converter sends an event per operation otherwise
 
     example = {"input_ids": torch.ones(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
     return ov.convert_model(
