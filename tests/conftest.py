@@ -61,12 +61,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[None]:
-    """Run this session's flows against one temporary Prefect server (SQLite in a temp dir)."""
+def prefect_server() -> Iterator[str]:
+    """Run this worker's flows against one temporary Prefect server (SQLite in a temp dir); return its API URL, which
+    the flow tier's `nightscore` subprocesses are given too (a server per module cost ~6 s to start, and CPU while idle)."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        yield str(PREFECT_API_URL.value())
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,17 @@
-"""Fixtures of the flow tier: a fast in-process configuration, and a real Prefect server per module for the
+"""Fixtures of the flow tier: a fast in-process configuration, and the URL of the worker's Prefect server for the
 modules that run the `nightscore` CLI in subprocesses."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import servers
 from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture
-def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> Path:
+def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: str) -> Path:
     """Return a home configured for fast flow runs: tiny encoder, shards of 64, K=20."""
     for name, value in tiny_environment().items():
         monkeypatch.setenv(name, value)
@@ -22,8 +20,7 @@ def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: None) -> P
     return home  # the default candidate gate: a demo log this small has too few held-out users to gate
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Return the URL of a Prefect server started for this module (SQLite in a temp folder)."""
-    with servers.prefect_server(tmp_path_factory.mktemp("prefect")) as url:
-        yield url
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server: str) -> str:
+    """Return the URL of this worker's Prefect server, for the modules that run the `nightscore` CLI in subprocesses."""
+    return prefect_server
