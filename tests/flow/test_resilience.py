@@ -1,8 +1,9 @@
 """Flow tier, real processes and real signals: SIGKILL/SIGTERM mid-run, resume, incremental re-runs.
 
 The uninterrupted reference run is made once; the re-run test starts from a copy of its home.
-Every run is the `nightscore` console script in its own process, against one Prefect server this
-module starts on loopback (an ephemeral server per process would cost ~10 s each). The tiny encoder
+The runs that are killed or stopped are the `nightscore` console script in a process of its own; the runs
+that resume them, and the reference, are the same command line run in the test's process (tests/in_process.py),
+which saves a new interpreter's imports per run. All use the worker's one Prefect server. The tiny encoder
 keeps runs short; shards of 40 rows give several checkpoints to kill between.
 """
 
@@ -27,6 +28,7 @@ import pytest
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
 from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command, restore_tree
+from tests.in_process import cli_in_process
 from tests.servers import wait_for
 from tests.tiny_model import tiny_environment
 
@@ -40,15 +42,18 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=2)
 
 
-def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, items: Path | None = None) -> subprocess.Popen[str]:
-    """Start `nightscore run nightly` on the inputs; output goes to <home>.log."""
+def run_environment() -> dict[str, str]:
+    """Return the NIGHTSCORE_ variables of every run here: the tiny encoder, ungated, shards of 40, K=20."""
+    return {**tiny_environment(), **UNGATED, "NIGHTSCORE_SHARD_SIZE": "40", "NIGHTSCORE_TOP_K": "20"}
+
+
+def launch(home: Path, inputs: Path, api: str, pause_at: str) -> subprocess.Popen[str]:
+    """Start `nightscore run nightly` on the inputs in a child process that pauses at a fault point; output goes to <home>.log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    env.update(PREFECT_API_URL=api, **tiny_environment(), **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20")
-    if pause_at:
-        env["NIGHTSCORE_FAILPOINTS"] = json.dumps({pause_at: "pause"})
+    env.update(PREFECT_API_URL=api, **run_environment(), NIGHTSCORE_FAILPOINTS=json.dumps({pause_at: "pause"}))
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
-        nightly_command(CLI, inputs, RUN_DATE, home, items),
+        nightly_command(CLI, inputs, RUN_DATE, home),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -56,16 +61,17 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str | None = None, item
     )
 
 
-def run_to_end(home: Path, inputs: Path, api: str, items: Path | None = None) -> str:
-    """Run to completion and return the process output; fail on a non-zero exit."""
-    proc = launch(home, inputs, api, items=items)
-    assert proc.wait(timeout=300) == 0, Path(f"{home}.log").read_text()[-3000:]
+def run_to_end(home: Path, inputs: Path, items: Path | None = None) -> str:
+    """Run to completion in this process (the killed runs are children; what resumes them needs no process of its own)
+    and return its output and log; fail on a non-zero exit."""
+    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home, items)[1:], run_environment(), Path(f"{home}.log"))
+    assert code == 0, Path(f"{home}.log").read_text()[-3000:]
     return Path(f"{home}.log").read_text() + command_logs(home)
 
 
 def paused(home: Path, inputs: Path, api: str, point: str) -> subprocess.Popen[str]:
-    """Start a run and return it once it waits at the fault point."""
-    proc = launch(home, inputs, api, pause_at=point)
+    """Start a run in a child process and return it once it waits at the fault point."""
+    proc = launch(home, inputs, api, point)
     marker = home / "faults" / f"{point.replace(':', '-')}.reached"
     wait_for(marker.exists, 180, proc, f"run paused at {point}")
     return proc
@@ -113,10 +119,10 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_api: str) -> Reference:
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, inputs: Path, prefect_server: str) -> Reference:
     """Return one uninterrupted run of the inputs in a fresh home."""
     home = tmp_path_factory.mktemp("ref") / "home"
-    log = run_to_end(home, inputs, prefect_api)
+    log = run_to_end(home, inputs)
     shutil.copytree(home, home.with_name("copy"))
     return Reference(home, home.with_name("copy"), log, outputs(home))
 
@@ -135,7 +141,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(
     proc = paused(home, inputs, prefect_api, point)
     proc.kill()
     proc.wait(timeout=30)
-    log = run_to_end(home, inputs, prefect_api)
+    log = run_to_end(home, inputs)
     assert "resuming run" in log
     if point == "shard:2":
         assert len(re.findall(r"shard \d+: reused checkpoint", log)) >= 3  # shards 0, 1, 2 were committed
@@ -159,7 +165,7 @@ def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(
     con.close()
     assert status == "interrupted"
     assert f"nightscore: error: run {run_id} interrupted by SIGTERM" in log and f"--resume {run_id})" in log
-    log = run_to_end(home, inputs, prefect_api)
+    log = run_to_end(home, inputs)
     assert "shard 0: reused checkpoint" in log and "shard 1: reused checkpoint" in log
     assert outputs(home) == reference
 
@@ -172,12 +178,12 @@ def summary_counts(log: str) -> tuple[int, int]:
 
 
 def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(
-    tmp_path: Path, inputs: Path, prefect_api: str, uninterrupted: Reference
+    tmp_path: Path, inputs: Path, uninterrupted: Reference
 ) -> None:
     assert summary_counts(uninterrupted.log) == (300, 0)  # the first run of a fresh home encodes every text
     home = uninterrupted.restored()
     first = outputs(home)
-    assert summary_counts(run_to_end(home, inputs, prefect_api)) == (0, 300)
+    assert summary_counts(run_to_end(home, inputs)) == (0, 300)
     assert outputs(home) == first  # reused vectors give exactly the same scores
 
     items = pl.read_parquet(inputs / "items.parquet")
@@ -190,7 +196,7 @@ def test_unchanged_inputs_encode_nothing_and_changed_texts_exactly_those(
     )
     edited_path = tmp_path / "items_edited.parquet"
     edited.write_parquet(edited_path)
-    assert summary_counts(run_to_end(home, inputs, prefect_api, items=edited_path)) == (15, 285)
+    assert summary_counts(run_to_end(home, inputs, items=edited_path)) == (15, 285)
     con = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
     count = con.execute("select count(*) from item_scores").fetchone()
     assert count is not None and count[0] == 300  # the run_date's rows replaced

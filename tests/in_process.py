@@ -1,0 +1,80 @@
+"""The `nightscore` command line run inside the test process, for the runs whose test is not about the process.
+
+A console-script run pays a new interpreter's imports (Prefect, torch, transformers, Great Expectations: 6-11 s
+on 2 cores) before its flow starts; the same `main(argv)` called here pays them once per worker. What a child
+process would not share with this one is set up and undone around the call: the NIGHTSCORE_ variables, the
+signal handlers and stop flag, and the root logger's handlers that each command configures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from core import stop
+from core.logs import RUN_LOGGERS
+
+
+def cli_in_process(argv: list[str], env: dict[str, str], log: Path) -> int:
+    """Return the exit code of `nightscore ARGV` run in this process with env's variables, its output appended to log.
+
+    PREFECT_API_URL is this process's own (the worker's Prefect server): Prefect read its settings at import.
+    """
+    from nightscore.cli.entry import main
+
+    with _child_environment(env), _signals(), _logging(), open(log, "a") as out, redirect_stdout(out), redirect_stderr(out):
+        return main(argv)
+
+
+@contextmanager
+def _child_environment(env: dict[str, str]) -> Iterator[None]:
+    """Give the process a child's environment (only env's NIGHTSCORE_ variables); restore the old one after."""
+    saved = dict(os.environ)
+    try:
+        for name in [name for name in os.environ if name.startswith("NIGHTSCORE_")]:
+            del os.environ[name]
+        os.environ.update({name: value for name, value in env.items() if name != "PREFECT_API_URL"})
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    """Restore SIGTERM's and SIGINT's handlers and clear the stop flag after the command (it installs its own)."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        stop.reset()
+
+
+@contextmanager
+def _logging() -> Iterator[None]:
+    """Restore the root logger (level, handlers and their levels, formatters and filters) and the run loggers'
+    formatters after the command configured them for itself."""
+    root = logging.getLogger()
+    handlers = [(h, h.level, h.formatter, list(h.filters)) for h in root.handlers]
+    run_formatters = [(h, h.formatter) for name in RUN_LOGGERS for h in logging.getLogger(name).handlers]
+    level = root.level
+    try:
+        yield
+    finally:
+        for added in [h for h in root.handlers if h not in {saved for saved, *_ in handlers}]:
+            root.removeHandler(added)
+            added.close()
+        for handler, handler_level, formatter, filters in handlers:
+            root.addHandler(handler)  # a no-op unless the command removed it
+            handler.setLevel(handler_level)
+            handler.setFormatter(formatter)
+            handler.filters[:] = filters
+        for handler, formatter in run_formatters:
+            handler.setFormatter(formatter)
+        root.setLevel(level)
