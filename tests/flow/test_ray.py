@@ -1,8 +1,9 @@
 """Flow tier on Ray: the nightly run with task_runner=ray equals the local run, shard by shard on Ray workers.
 
-Both runs are the `nightscore` console script in its own process against one Prefect server this module
-starts on loopback (under Ray a temporary server would be started by every worker). The Ray run starts
-its own local Ray with 2 CPUs and shuts it down when the flow ends.
+The Ray run is the `nightscore` console script in a process of its own, given the worker's Prefect server (under
+Ray a temporary server would be started by every Ray worker); the local run is the same command line run in
+the test's process (tests/in_process.py). The Ray run starts its own local Ray with 2 CPUs and shuts it down
+when the flow ends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from core.errors import UsageError
 from core.settings import load_settings
 from tasks.runner import build_runner
 from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command
+from tests.in_process import cli_in_process
 from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -72,8 +74,17 @@ def published(home: Path) -> dict[str, list[tuple]]:
     return {"scores": scores, "candidates": cands}
 
 
+def run_locally(home: Path, inputs: Path) -> str:
+    """Run `nightscore run nightly` on the inputs in this process with the local runner; return its output and log."""
+    env = {**tiny_environment(), **UNGATED, "NIGHTSCORE_SHARD_SIZE": "40", "NIGHTSCORE_TOP_K": "20"}
+    output = Path(f"{home}.out")
+    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], env, output)
+    assert code == 0, output.read_text()[-4000:]
+    return output.read_text() + command_logs(home)
+
+
 def test_ray_runner_publishes_what_the_local_runner_does(tmp_path: Path, inputs: Path, prefect_api: str) -> None:
-    local_log = run_nightly(tmp_path / "local", inputs, prefect_api)
+    local_log = run_locally(tmp_path / "local", inputs)
     ray_log = run_nightly(tmp_path / "ray", inputs, prefect_api, NIGHTSCORE_TASK_RUNNER="ray", NIGHTSCORE_RAY_NUM_CPUS="2")
 
     local, on_ray = published(tmp_path / "local"), published(tmp_path / "ray")
