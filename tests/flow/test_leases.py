@@ -1,8 +1,9 @@
-"""Flow tier, two real processes: a second attempt for a run date never joins a live one (issue 18, item 4).
+"""Flow tier, real processes: a second attempt for a run date never joins a live one (issue 18, item 4).
 
 Before leases, the second `nightscore run nightly` for a date "resumed" the first while it was still running and both
 wrote, staged and published the same folder. Now the first holds the date's lease: a second attempt waits
 (bounded) and fails naming it, and one that waits long enough resumes the first run only after it has ended.
+The first and the patient attempts are child processes; the impatient one runs in the test's process.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.flow.test_resilience import CLI, RUN_DATE
-from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command
+from tests.flow.test_resilience import CLI, RUN_DATE, run_environment
+from tests.helpers import command_logs, demo_inputs, nightly_command
+from tests.in_process import cli_in_process
 from tests.servers import wait_for
-from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    child.update(PREFECT_API_URL=api, **tiny_environment(), **UNGATED, NIGHTSCORE_SHARD_SIZE="40", NIGHTSCORE_TOP_K="20", **env)
+    child.update(PREFECT_API_URL=api, **run_environment(), **env)
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         nightly_command(CLI, inputs, RUN_DATE, home),
@@ -62,8 +63,8 @@ def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_en
     [(run_id, status)] = runs(home)
     assert status == "running"
 
-    impatient = attempt(home, inputs, prefect_api, "impatient", NIGHTSCORE_RUN_LEASE_WAIT_S="3")
-    assert impatient.wait(timeout=180) == 1, output(home, "impatient")[-3000:]
+    impatient = {**run_environment(), "NIGHTSCORE_RUN_LEASE_WAIT_S": "3"}  # in this process: it only waits and fails
+    assert cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], impatient, Path(f"{home}-impatient.log")) == 1
     errors = [line for line in output(home, "impatient").splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and f"run date {RUN_DATE} is held by run {run_id}" in errors[0], errors
     assert runs(home) == [(run_id, "running")]  # it neither resumed nor started a run
