@@ -104,13 +104,14 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
 
 
 def test_unreadable_input_exits_3_naming_the_file(
-    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path
+    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path, prefect_server: str
 ) -> None:
     home, inputs, _ = demo_run
     bad = tmp_path / "items.parquet"
     pl.read_parquet(inputs / "items.parquet").drop("item_id").write_parquet(bad)
     before = query_json("select run_id from latest_run", home)
-    done = nightscore("run", "nightly", "--items", str(bad), "--interactions", str(inputs / "interactions.parquet"), home=home)
+    args = ("run", "nightly", "--items", str(bad), "--interactions", str(inputs / "interactions.parquet"))
+    done = nightscore(*args, home=home, settings={"PREFECT_API_URL": prefect_server})  # the demo run tried the ephemeral API
     assert done.returncode == 3, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and str(bad) in errors[0] and "item_id" in errors[0]
