@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 UNGATED = {"NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN": "-1"}
 
 
+def small_run_environment() -> dict[str, str]:
+    """Return the NIGHTSCORE_ variables of the flow tier's CLI runs: the tiny encoder, ungated, shards of 40, K=20."""
+    from tests.tiny_model import tiny_environment
+
+    return {**tiny_environment(), **UNGATED, "NIGHTSCORE_SHARD_SIZE": "40", "NIGHTSCORE_TOP_K": "20"}
+
+
 # `auto` narrowed for the tests that need MiniLM calibrated (tests/conftest.py measures each once per session): one
 # backend at one token budget runs the same calibration code in seconds, where all backends x 3 budgets took 3-7
 # minutes of one worker on a 2-core host. CLI runs given calibration_environment(CLI_CALIBRATION) read its choice.

@@ -17,8 +17,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.flow.test_resilience import CLI, RUN_DATE, run_environment
-from tests.helpers import command_logs, demo_inputs, nightly_command
+from tests.flow.test_resilience import CLI, RUN_DATE
+from tests.helpers import command_logs, demo_inputs, nightly_command, small_run_environment
 from tests.in_process import cli_in_process
 from tests.servers import wait_for
 
@@ -32,7 +32,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def attempt(home: Path, inputs: Path, api: str, name: str, **env: str) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` for RUN_DATE; its output goes to <home>-<name>.log."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    child.update(PREFECT_API_URL=api, **run_environment(), **env)
+    child.update(PREFECT_API_URL=api, **small_run_environment(), **env)
     log = open(f"{home}-{name}.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         nightly_command(CLI, inputs, RUN_DATE, home),
@@ -63,7 +63,7 @@ def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_en
     [(run_id, status)] = runs(home)
     assert status == "running"
 
-    impatient = {**run_environment(), "NIGHTSCORE_RUN_LEASE_WAIT_S": "3"}  # in this process: it only waits and fails
+    impatient = {**small_run_environment(), "NIGHTSCORE_RUN_LEASE_WAIT_S": "3"}  # in this process: it only waits and fails
     assert cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], impatient, Path(f"{home}-impatient.log")) == 1
     errors = [line for line in output(home, "impatient").splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and f"run date {RUN_DATE} is held by run {run_id}" in errors[0], errors

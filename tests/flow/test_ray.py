@@ -22,9 +22,8 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from core.errors import UsageError
 from core.settings import load_settings
 from tasks.runner import build_runner
-from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command
+from tests.helpers import command_logs, demo_inputs, nightly_command, small_run_environment
 from tests.in_process import cli_in_process
-from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -41,15 +40,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_nightly(home: Path, inputs: Path, api: str, **env: str) -> str:
     """Run `nightscore run nightly` on the inputs with extra NIGHTSCORE_* variables; return its output and log."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTSCORE_", "RAY_"))}
-    base.update(
-        PREFECT_API_URL=api,
-        **tiny_environment(),
-        **UNGATED,
-        NIGHTSCORE_SHARD_SIZE="40",
-        NIGHTSCORE_TOP_K="20",
-        RAY_DEDUP_LOGS="0",
-        **env,
-    )
+    base.update(PREFECT_API_URL=api, **small_run_environment(), RAY_DEDUP_LOGS="0", **env)
     done = subprocess.run(
         nightly_command(CLI, inputs, RUN_DATE, home),
         env=base,
@@ -76,9 +67,8 @@ def published(home: Path) -> dict[str, list[tuple]]:
 
 def run_locally(home: Path, inputs: Path) -> str:
     """Run `nightscore run nightly` on the inputs in this process with the local runner; return its output and log."""
-    env = {**tiny_environment(), **UNGATED, "NIGHTSCORE_SHARD_SIZE": "40", "NIGHTSCORE_TOP_K": "20"}
     output = Path(f"{home}.out")
-    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], env, output)
+    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], small_run_environment(), output)
     assert code == 0, output.read_text()[-4000:]
     return output.read_text() + command_logs(home)
 

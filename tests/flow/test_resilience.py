@@ -27,10 +27,9 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import UNGATED, command_logs, demo_inputs, nightly_command, restore_tree
+from tests.helpers import command_logs, demo_inputs, nightly_command, restore_tree, small_run_environment
 from tests.in_process import cli_in_process
 from tests.servers import wait_for
-from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
 RUN_DATE = "2026-11-30"
@@ -42,15 +41,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return demo_inputs(tmp_path_factory.mktemp("inputs"), seed=2)
 
 
-def run_environment() -> dict[str, str]:
-    """Return the NIGHTSCORE_ variables of every run here: the tiny encoder, ungated, shards of 40, K=20."""
-    return {**tiny_environment(), **UNGATED, "NIGHTSCORE_SHARD_SIZE": "40", "NIGHTSCORE_TOP_K": "20"}
-
-
 def launch(home: Path, inputs: Path, api: str, pause_at: str) -> subprocess.Popen[str]:
     """Start `nightscore run nightly` on the inputs in a child process that pauses at a fault point; output goes to <home>.log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
-    env.update(PREFECT_API_URL=api, **run_environment(), NIGHTSCORE_FAILPOINTS=json.dumps({pause_at: "pause"}))
+    env.update(PREFECT_API_URL=api, **small_run_environment(), NIGHTSCORE_FAILPOINTS=json.dumps({pause_at: "pause"}))
     log = open(f"{home}.log", "a")  # noqa: SIM115 - the child process writes to it after this returns
     return subprocess.Popen(
         nightly_command(CLI, inputs, RUN_DATE, home),
@@ -64,7 +58,7 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str) -> subprocess.Pope
 def run_to_end(home: Path, inputs: Path, items: Path | None = None) -> str:
     """Run to completion in this process (the killed runs are children; what resumes them needs no process of its own)
     and return its output and log; fail on a non-zero exit."""
-    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home, items)[1:], run_environment(), Path(f"{home}.log"))
+    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home, items)[1:], small_run_environment(), Path(f"{home}.log"))
     assert code == 0, Path(f"{home}.log").read_text()[-3000:]
     return Path(f"{home}.log").read_text() + command_logs(home)
 
