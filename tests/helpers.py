@@ -44,20 +44,13 @@ def calibration_environment(fields: dict[str, object]) -> dict[str, str]:
 
 def nightly_command(cli: str | Path, inputs: Path, run_date: str, home: Path, items: Path | None = None) -> list[str]:
     """Return the `nightscore run nightly` command line over a demo-inputs folder (items: another items file)."""
-    items_uri, interactions_uri = str(items or inputs / "items.parquet"), str(inputs / "interactions.parquet")
-    return [
-        str(cli),
-        "run",
-        "nightly",
-        "--items",
-        items_uri,
-        "--interactions",
-        interactions_uri,
-        "--run-date",
-        run_date,
-        "--home",
-        str(home),
-    ]
+    return [str(cli), *nightly_args(inputs, run_date, home, items)]
+
+
+def nightly_args(inputs: Path, run_date: str, home: Path, items: Path | None = None) -> list[str]:
+    """Return the arguments of `nightscore run nightly` over a demo-inputs folder (what tests.in_process runs)."""
+    items_uri, interactions = str(items or inputs / "items.parquet"), str(inputs / "interactions.parquet")
+    return ["run", "nightly", "--items", items_uri, "--interactions", interactions, "--run-date", run_date, "--home", str(home)]
 
 
 def command_logs(home: Path) -> str:

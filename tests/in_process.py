@@ -37,7 +37,7 @@ def _child_environment(env: dict[str, str]) -> Iterator[None]:
     try:
         for name in [name for name in os.environ if name.startswith("NIGHTSCORE_")]:
             del os.environ[name]
-        os.environ.update({name: value for name, value in env.items() if name != "PREFECT_API_URL"})
+        os.environ.update(env)
         yield
     finally:
         os.environ.clear()

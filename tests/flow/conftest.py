@@ -1,5 +1,5 @@
-"""Fixtures of the flow tier: a fast in-process configuration, and the URL of the worker's Prefect server for the
-modules that run the `nightscore` CLI in subprocesses."""
+"""Fixtures of the flow tier: a fast in-process configuration (the modules that run the `nightscore` CLI in
+subprocesses give them the worker's Prefect server, `prefect_server` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,3 @@ def tiny(home: Path, monkeypatch: pytest.MonkeyPatch, prefect_server: str) -> Pa
     monkeypatch.setenv("NIGHTSCORE_SHARD_SIZE", "64")
     monkeypatch.setenv("NIGHTSCORE_TOP_K", "20")
     return home  # the default candidate gate: a demo log this small has too few held-out users to gate
-
-
-@pytest.fixture(scope="session")
-def prefect_api(prefect_server: str) -> str:
-    """Return the URL of this worker's Prefect server, for the modules that run the `nightscore` CLI in subprocesses."""
-    return prefect_server

@@ -81,7 +81,7 @@ def test_contracts_check_tells_a_reset_lake_from_a_corrupt_file(
 
 
 def test_a_nightly_run_on_a_reset_lake_exits_1_naming_the_lake(
-    s3_bucket: str, proxy: ResettingProxy, inputs: tuple[str, str], tmp_path: Path, prefect_api: str
+    s3_bucket: str, proxy: ResettingProxy, inputs: tuple[str, str], tmp_path: Path, prefect_server: str
 ) -> None:
     items, interactions = inputs
     proxy.cut()
@@ -97,7 +97,7 @@ def test_a_nightly_run_on_a_reset_lake_exits_1_naming_the_lake(
         home=tmp_path / "home",
         bucket=s3_bucket,
         endpoint=proxy.url,
-        api=prefect_api,
+        api=prefect_server,
     )
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("nightscore: ")]

@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from tests.flow.test_resilience import CLI, RUN_DATE
-from tests.helpers import command_logs, demo_inputs, nightly_command, small_run_environment
+from tests.helpers import command_logs, demo_inputs, nightly_args, nightly_command, small_run_environment
 from tests.in_process import cli_in_process
 from tests.servers import wait_for
 
@@ -55,22 +55,22 @@ def runs(home: Path) -> list[tuple[str, str]]:
 
 
 def test_a_second_attempt_waits_for_the_live_one_and_resumes_it_only_after_it_ended(
-    tmp_path: Path, inputs: Path, prefect_api: str
+    tmp_path: Path, inputs: Path, prefect_server: str
 ) -> None:
     home = tmp_path / "home"
-    first = attempt(home, inputs, prefect_api, "first", NIGHTSCORE_FAILPOINTS=json.dumps({"shard:1": "pause"}))
+    first = attempt(home, inputs, prefect_server, "first", NIGHTSCORE_FAILPOINTS=json.dumps({"shard:1": "pause"}))
     wait_for((home / "faults" / "shard-1.reached").exists, 180, first, "first attempt paused mid-encode")
     [(run_id, status)] = runs(home)
     assert status == "running"
 
     impatient = {**small_run_environment(), "NIGHTSCORE_RUN_LEASE_WAIT_S": "3"}  # in this process: it only waits and fails
-    assert cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], impatient, Path(f"{home}-impatient.log")) == 1
+    assert cli_in_process(nightly_args(inputs, RUN_DATE, home), impatient, Path(f"{home}-impatient.log")) == 1
     errors = [line for line in output(home, "impatient").splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and f"run date {RUN_DATE} is held by run {run_id}" in errors[0], errors
     assert runs(home) == [(run_id, "running")]  # it neither resumed nor started a run
     assert [p.name for p in (home / "lake" / "runs" / RUN_DATE).iterdir()] == [run_id]
 
-    patient = attempt(home, inputs, prefect_api, "patient", NIGHTSCORE_RUN_LEASE_WAIT_S="240")
+    patient = attempt(home, inputs, prefect_server, "patient", NIGHTSCORE_RUN_LEASE_WAIT_S="240")
     wait_for(lambda: "waiting for the lease" in output(home, "patient"), 180, patient, "second attempt waiting")
     assert runs(home) == [(run_id, "running")]
     first.send_signal(signal.SIGTERM)  # the live attempt ends (interrupted): its lease is released

@@ -22,7 +22,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from core.errors import UsageError
 from core.settings import load_settings
 from tasks.runner import build_runner
-from tests.helpers import command_logs, demo_inputs, nightly_command, small_run_environment
+from tests.helpers import command_logs, demo_inputs, nightly_args, nightly_command, small_run_environment
 from tests.in_process import cli_in_process
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
@@ -68,14 +68,14 @@ def published(home: Path) -> dict[str, list[tuple]]:
 def run_locally(home: Path, inputs: Path) -> str:
     """Run `nightscore run nightly` on the inputs in this process with the local runner; return its output and log."""
     output = Path(f"{home}.out")
-    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home)[1:], small_run_environment(), output)
+    code = cli_in_process(nightly_args(inputs, RUN_DATE, home), small_run_environment(), output)
     assert code == 0, output.read_text()[-4000:]
     return output.read_text() + command_logs(home)
 
 
-def test_ray_runner_publishes_what_the_local_runner_does(tmp_path: Path, inputs: Path, prefect_api: str) -> None:
+def test_ray_runner_publishes_what_the_local_runner_does(tmp_path: Path, inputs: Path, prefect_server: str) -> None:
     local_log = run_locally(tmp_path / "local", inputs)
-    ray_log = run_nightly(tmp_path / "ray", inputs, prefect_api, NIGHTSCORE_TASK_RUNNER="ray", NIGHTSCORE_RAY_NUM_CPUS="2")
+    ray_log = run_nightly(tmp_path / "ray", inputs, prefect_server, NIGHTSCORE_TASK_RUNNER="ray", NIGHTSCORE_RAY_NUM_CPUS="2")
 
     local, on_ray = published(tmp_path / "local"), published(tmp_path / "ray")
     assert len(local["scores"]) == 300 and local["candidates"]

@@ -27,7 +27,7 @@ import pytest
 
 from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
-from tests.helpers import command_logs, demo_inputs, nightly_command, restore_tree, small_run_environment
+from tests.helpers import command_logs, demo_inputs, nightly_args, nightly_command, restore_tree, small_run_environment
 from tests.in_process import cli_in_process
 from tests.servers import wait_for
 
@@ -58,7 +58,7 @@ def launch(home: Path, inputs: Path, api: str, pause_at: str) -> subprocess.Pope
 def run_to_end(home: Path, inputs: Path, items: Path | None = None) -> str:
     """Run to completion in this process (the killed runs are children; what resumes them needs no process of its own)
     and return its output and log; fail on a non-zero exit."""
-    code = cli_in_process(nightly_command(CLI, inputs, RUN_DATE, home, items)[1:], small_run_environment(), Path(f"{home}.log"))
+    code = cli_in_process(nightly_args(inputs, RUN_DATE, home, items), small_run_environment(), Path(f"{home}.log"))
     assert code == 0, Path(f"{home}.log").read_text()[-3000:]
     return Path(f"{home}.log").read_text() + command_logs(home)
 
@@ -129,10 +129,10 @@ def reference(uninterrupted: Reference) -> dict[str, object]:
 
 @pytest.mark.parametrize("point", ["ingest", "shard:2", "publish"])
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(
-    point: str, tmp_path: Path, inputs: Path, prefect_api: str, reference: dict[str, object]
+    point: str, tmp_path: Path, inputs: Path, prefect_server: str, reference: dict[str, object]
 ) -> None:
     home = tmp_path / "home"
-    proc = paused(home, inputs, prefect_api, point)
+    proc = paused(home, inputs, prefect_server, point)
     proc.kill()
     proc.wait(timeout=30)
     log = run_to_end(home, inputs)
@@ -143,10 +143,10 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(
 
 
 def test_sigterm_mid_encode_stops_promptly_as_interrupted_and_resumes(
-    tmp_path: Path, inputs: Path, prefect_api: str, reference: dict[str, object]
+    tmp_path: Path, inputs: Path, prefect_server: str, reference: dict[str, object]
 ) -> None:
     home = tmp_path / "home"
-    proc = paused(home, inputs, prefect_api, "shard:1")
+    proc = paused(home, inputs, prefect_server, "shard:1")
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=120)

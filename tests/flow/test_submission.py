@@ -30,12 +30,12 @@ from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def deployed(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Register the work pool (limit 1) and deployments with the module's server; return the API URL and the environment."""
     home = tmp_path_factory.mktemp("submission") / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
     env.update(
-        PREFECT_API_URL=prefect_api,
+        PREFECT_API_URL=prefect_server,
         NIGHTSCORE_HOME=str(home),
         **tiny_environment(),
         **UNGATED,
@@ -44,7 +44,7 @@ def deployed(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     )
     done = subprocess.run([CLI, "deploy", "--demo"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"api": prefect_api, "env": env, "home": home}
+    return {"api": prefect_server, "env": env, "home": home}
 
 
 @pytest.fixture(scope="module")
