@@ -194,8 +194,8 @@ def _check_static_int8_report(shared: SharedInt8, encoder: TextEncoder) -> None:
 
     found = (shared.cache_dir / "converted").glob("*/openvino-*-int8-floor0.99/quantization.json")
     report = json.loads(next(found).read_text())
-    assert report["float_matmuls"] and report["quantized_matmuls"] == report["matmuls"] - len(report["float_matmuls"])
-    assert report["quantized_matmuls"] >= report["matmuls"] // 2
+    assert report["float_ops"] and report["quantized_ops"] == report["ops"] - len(report["float_ops"])
+    assert report["quantized_ops"] >= report["ops"] // 2
     assert report["validation_min_cosine"] >= 0.99 + MARGIN
     assert encoder.load_seconds < shared.search_seconds / 3  # read from the cache folder: no second search
 

@@ -30,7 +30,7 @@ def search_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[d
 def test_the_child_returns_a_model_that_measures_what_it_reports(search_inputs: tuple) -> None:
     float_model, calibration, validation, config = search_inputs
     result = quantize_isolated(float_model, calibration, validation, 0.5, config)
-    assert result.float_matmuls == () and result.quantized_matmuls == result.matmuls > 0  # all int8 at a loose floor
+    assert result.float_ops == () and result.quantized_ops == result.ops > 0  # all int8 at a loose floor
     assert min_cosine(result.model, validation, config) == pytest.approx(result.min_cosine, abs=1e-6)
 
 

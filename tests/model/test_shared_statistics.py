@@ -11,7 +11,7 @@ import torch
 
 from models.encoder.backends.int8 import SMOOTHING_ALPHA
 from models.encoder.backends.openvino_backend import convert
-from models.encoder.backends.openvino_int8.search import matmul_roles
+from models.encoder.backends.openvino_int8.search import quantized_roles
 from models.encoder.backends.openvino_int8.shared_statistics import SharedStatistics
 from models.encoder.backends.registry import unavailable_reason
 from models.encoder.files import load_module, load_tokenizer, model_info
@@ -88,7 +88,7 @@ def test_every_trial_equals_a_fresh_pipeline_and_shared_points_are_collected_onc
     setup: tuple[Any, list[dict[str, np.ndarray]]], caplog: pytest.LogCaptureFixture
 ) -> None:
     model, calibration = setup
-    roles = matmul_roles(model)
+    roles = quantized_roles(model)
     query = next(names for role, names in roles.items() if role.endswith("query"))
     down = next(names for role, names in roles.items() if role.endswith("output.dense") and "attention" not in role)
     shared = SharedStatistics(model, calibration, SMOOTHING_ALPHA)

@@ -100,11 +100,11 @@ def quantized(request: BackendRequest, float_model: Any) -> tuple[Any, dict[str,
     result = quantize_isolated(float_model, calibration, validation, request.int8_floor, config, request.int8_min_speedup)
     report: dict[str, object] = {
         "float_roles": list(result.float_roles),
-        "float_matmuls": list(result.float_matmuls),
+        "float_ops": list(result.float_ops),
         "validation_min_cosine": round(result.min_cosine, 6),
         "target": round(min(request.int8_floor + MARGIN, 1.0), 6),
-        "quantized_matmuls": result.quantized_matmuls,
-        "matmuls": result.matmuls,
+        "quantized_ops": result.quantized_ops,
+        "ops": result.ops,
         "seconds": round(result.seconds, 1),
     }
     log.info("quantised %s to static int8: %s", request.info.version, report)

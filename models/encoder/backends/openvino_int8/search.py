@@ -5,9 +5,10 @@ int8 (VNNI): on all-MiniLM-L6-v2 about 1.6x OpenVINO bf16, but at min cosine 0.9
 Linear is quantised. Which layers stay float is measured per model, never a list tuned on one: quantise
 everything; if the validation texts' min cosine is under the target (the int8 floor plus a margin for
 texts not seen here), quantise once more with each *role* (the same Linear in every block, e.g. the FFN
-down-projection) kept float, then keep roles float in the order of what each recovered until the target is
-met. Statistics come from one corpus and the verdict from another, so the choice is not graded on its own
-calibration data. The trials share one collection of those statistics (`shared_statistics`).
+down-projection, or the fused attention whose query and key NNCF quantises) kept float, then keep roles float
+in the order of what each recovered until the target is met. Statistics come from one corpus and the verdict
+from another, so the choice is not graded on its own calibration data. The trials share one collection of those
+statistics (`shared_statistics`).
 
 Under `auto` the search is only worth its minutes where int8 can win: the all-int8 model is the fastest any
 choice of float roles can be, so it is timed against the float model first (same hint, same threads, one
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 MARGIN = 0.004  # validation must reach floor + MARGIN: unseen texts measured up to 0.003 under it on MiniLM
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|/|$)")
 
+# NNCF quantises the inputs of both: a Linear's, and attention's query and key. On an AMX Xeon, with the float
+# layers in bf16, int8 attention alone took the random BERT's min cosine from 0.997 to 0.952 and MiniLM's all-int8
+# from 0.958 to 0.863, whatever MatMuls stayed float: the search must be able to keep it float too.
+QUANTIZED_TYPES = ("MatMul", "ScaledDotProductAttention")
 Inputs = dict[str, np.ndarray]  # input_ids and attention_mask of one batch
 
 
@@ -65,14 +70,14 @@ class Validation:
 
 @dataclass(frozen=True)
 class StaticInt8:
-    """The quantised model, the MatMuls kept float (and the roles kept wholly float), what it measured."""
+    """The quantised model, the operations kept float (and the roles kept wholly float), what it measured."""
 
     model: Any  # openvino.Model
     float_roles: tuple[str, ...]
-    float_matmuls: tuple[str, ...]
+    float_ops: tuple[str, ...]
     min_cosine: float
-    quantized_matmuls: int
-    matmuls: int
+    quantized_ops: int
+    ops: int
     seconds: float
 
 
@@ -87,11 +92,12 @@ class SpeedGate:
     repeats: int = 5
 
 
-def matmul_roles(model: Any) -> dict[str, list[str]]:
-    """Return the model's MatMul operations grouped by role: their names with the block index taken out."""
+def quantized_roles(model: Any) -> dict[str, list[str]]:
+    """Return the operations NNCF quantises (MatMuls and fused attention) grouped by role: their names with the
+    block index taken out."""
     roles: dict[str, list[str]] = {}
     for op in model.get_ordered_ops():
-        if op.get_type_name() == "MatMul":
+        if op.get_type_name() in QUANTIZED_TYPES:
             name = op.get_friendly_name()
             roles.setdefault(_LAYER_INDEX.sub(".N", name.split("/")[0]), []).append(name)
     return roles
@@ -153,7 +159,7 @@ def quantize_to_target(
     config: dict[str, object],
     gate: SpeedGate | None = None,
 ) -> StaticInt8:
-    """Return the static int8 model with the fewest float MatMuls found at floor + MARGIN.
+    """Return the static int8 model with the fewest float operations found at floor + MARGIN.
 
     Roles first (greedy by measured recovery), then each float role's blocks moved back to int8 one by one in
     the order of what each alone costs, while the target holds. Raises QuantizationFailed when even every role
@@ -181,31 +187,31 @@ def quantize_to_target(
 
 
 class _Search:
-    """Quantisations of one model tried with different MatMuls kept float, each measured on the validation texts."""
+    """Quantisations of one model tried with different operations kept float, each measured on the validation texts."""
 
     def __init__(
         self, model: Any, calibration: Sequence[Inputs], validation: Validation, config: dict[str, object], target: float
     ) -> None:
         self.validation, self.config, self.target = validation, config, target
-        self.roles = matmul_roles(model)
+        self.roles = quantized_roles(model)
         self.statistics = SharedStatistics(model, calibration, SMOOTHING_ALPHA)
         self.trials: dict[frozenset[str], tuple[Any, float]] = {}
 
     def quantized(self, kept: frozenset[str]) -> Any:
-        """Return the model quantised with the MatMuls in kept float (quantised and measured once per set)."""
+        """Return the model quantised with the operations in kept float (quantised and measured once per set)."""
         if kept not in self.trials:
             quantized = self.statistics.quantize(sorted(kept))
             self.trials[kept] = (quantized, min_cosine(quantized, self.validation, self.config))
-            log.info("int8 with %d MatMuls float: min cosine %.5f", len(kept), self.trials[kept][1])
+            log.info("int8 with %d operations float: min cosine %.5f", len(kept), self.trials[kept][1])
         return self.trials[kept][0]
 
     def cosine(self, kept: frozenset[str]) -> float:
-        """Return the min cosine with the MatMuls in kept float."""
+        """Return the min cosine with the operations in kept float."""
         self.quantized(kept)
         return self.trials[kept][1]
 
     def by_role(self) -> frozenset[str]:
-        """Return the float MatMuls of the fewest roles that meet the target (empty: all-int8 does)."""
+        """Return the float operations of the fewest roles that meet the target (empty: all-int8 does)."""
         if self.cosine(frozenset()) >= self.target:
             return frozenset()
         names = {role: frozenset(self.roles[role]) for role in self.roles}
@@ -218,7 +224,7 @@ class _Search:
         return kept
 
     def by_block(self, kept: frozenset[str]) -> None:
-        """Move float MatMuls back to int8 one at a time, cheapest first, while the target holds."""
+        """Move float operations back to int8 one at a time, cheapest first, while the target holds."""
         if self.cosine(kept) < self.target:
             return
         alone = sorted(kept, key=lambda name: -self.cosine(kept - {name}))
@@ -228,5 +234,5 @@ class _Search:
             kept = kept - {name}
 
     def best(self) -> tuple[frozenset[str], tuple[Any, float]]:
-        """Return the trial that meets the target with the fewest float MatMuls (else the closest one)."""
+        """Return the trial that meets the target with the fewest float operations (else the closest one)."""
         return max(self.trials.items(), key=lambda item: (item[1][1] >= self.target, -len(item[0]), item[1][1]))

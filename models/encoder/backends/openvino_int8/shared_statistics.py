@@ -1,6 +1,6 @@
 """Static int8 quantisations of one model that share its calibration statistics (NNCF collects them once).
 
-The int8 search quantises one model some twenty times, each with other MatMuls kept float. Collecting NNCF's
+The int8 search quantises one model some twenty times, each with other operations kept float. Collecting NNCF's
 statistics (the calibration texts through the model, once per pipeline step) was about 8 s of each trial's 14 s.
 Here the steps before the last (SmoothQuant) run once with nothing ignored: in float, smoothing is an identity
 (x/s times sW), so a MatMul kept float loses nothing by it. The last step's statistics (MinMax quantisation and
@@ -56,7 +56,7 @@ class SharedStatistics:
         self._statistics = self._collect(base.get_statistic_points_for_step(self._last, smoothed, graph), smoothed, graph)
 
     def pipeline(self, ignored: Sequence[str]) -> Any:
-        """Return NNCF's post-training pipeline for the model with the MatMuls named in ignored kept float."""
+        """Return NNCF's post-training pipeline for the model with the operations named in ignored kept float."""
         import nncf
         from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
         from nncf.quantization.algorithms.post_training.pipeline import create_ptq_pipeline
@@ -72,7 +72,7 @@ class SharedStatistics:
         )
 
     def quantize(self, ignored: Sequence[str]) -> Any:
-        """Return the statically quantised smoothed model (MatMuls named in ignored stay float)."""
+        """Return the statically quantised smoothed model (operations named in ignored stay float)."""
         from openvino._offline_transformations import compress_quantize_weights_transformation
 
         pipeline = self.pipeline(ignored)
