@@ -11,6 +11,7 @@ kind with the better NDCG@10 on another split is the one to publish (choose_scor
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,8 +39,14 @@ class RankerParams:
     early_stopping_rounds: int = 30
     stopping_share: float = 0.2
     mlp: TrainConfig = TrainConfig(hidden=32, epochs=8, batch_size=1024, learning_rate=5e-3)
-    threads: int = 0
+    threads: int = 0  # 0: one per ROWS_PER_THREAD training rows, at most one per core (training_threads)
     seed: int = _DEFAULTS.seed
+
+
+# LightGBM's guidance: no more threads than the data can use ("do not use 64 threads for a dataset with 10,000 rows").
+# Below that its per-round thread wake-ups cost more than they share: on 2 cores, 5,000 rows trained in 0.061 s on
+# one thread against 0.043 s on two, but 0.27 s on two where OpenMP threads sleep between rounds (OMP_WAIT_POLICY=PASSIVE).
+ROWS_PER_THREAD = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,13 @@ def _group_sizes(user: np.ndarray) -> np.ndarray:
     return np.diff(np.r_[np.flatnonzero(np.r_[True, user[1:] != user[:-1]]), len(user)])
 
 
+def training_threads(asked: int, rows: int) -> int:
+    """Return LightGBM's thread count: the one asked for, else one per ROWS_PER_THREAD rows up to the cores."""
+    if asked > 0:
+        return asked
+    return max(1, min(len(os.sched_getaffinity(0)), rows // ROWS_PER_THREAD))
+
+
 def train_lambdarank(rows: Rows, names: tuple[str, ...], params: RankerParams = RankerParams()) -> LgbmScorer:
     """Return a LightGBM LambdaRank scorer (deterministic for a seed and thread count)."""
     import lightgbm
@@ -87,7 +101,7 @@ def train_lambdarank(rows: Rows, names: tuple[str, ...], params: RankerParams = 
         "min_data_in_leaf": params.min_data_in_leaf,
         "deterministic": True,
         "force_col_wise": True,
-        "num_threads": params.threads,
+        "num_threads": training_threads(params.threads, int((~stop).sum())),
         "seed": params.seed,
         "verbosity": -1,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +24,15 @@ from models.recommender.fusion import Fused, TuningGrid
 from models.recommender.ranker_features import candidate_features, feature_context, feature_names
 from models.recommender.ranker_models import mlp_from_net, scorer_from_bytes, scorer_to_bytes, scorer_version
 from models.recommender.ranker_net import TrainConfig, fit_net
-from models.recommender.ranker_training import RankerParams, Rows, rerank, train_lambdarank, train_mlp
+from models.recommender.ranker_training import (
+    ROWS_PER_THREAD,
+    RankerParams,
+    Rows,
+    rerank,
+    train_lambdarank,
+    train_mlp,
+    training_threads,
+)
 from models.recommender.retrieval import ItemChunks
 from models.recommender.sources.base import encode_run, history_of
 from nightscore.demo import DEMO_BASE_TIME, generate_demo_data
@@ -190,3 +199,11 @@ def test_features_by_hand() -> None:
     assert features[0, 0, names.index("score_b")] == 0.0 and features[0, 0, names.index("rr_b")] == 0.0
     count = int((log.item_rows == 5).sum())
     assert row["log_popularity"] == pytest.approx(np.log1p(count)) and row["is_new"] == float(count == 0)
+
+
+def test_lightgbm_threads_follow_the_training_rows_unless_asked() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert training_threads(3, 10) == 3  # asked for: kept
+    assert training_threads(0, 0) == training_threads(0, ROWS_PER_THREAD - 1) == 1  # a small set: one thread
+    assert training_threads(0, 2 * ROWS_PER_THREAD) == min(2, cores)
+    assert training_threads(0, 10**9) == cores  # never more than the cores
