@@ -15,7 +15,6 @@ warehouse tables is warned about.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import re
@@ -34,7 +33,7 @@ from psycopg import errors as pg_errors
 from core.errors import NightscoreError, PublishError, QueryRefused, UsageError, WarehouseBusy, WarehouseMissing
 from storage.warehouse.analyst import BATCH_ROWS, RowStream, leading_keyword, timed_out
 from storage.warehouse.base import QueryResult, present_columns
-from storage.warehouse.schema import ddl, kind, object_names, upgrade_ddl
+from storage.warehouse.schema import ddl, ddl_version, kind, object_names, upgrade_ddl
 from storage.warehouse.sql import SqlWarehouse
 
 log = logging.getLogger(__name__)
@@ -137,7 +136,7 @@ class PostgresWarehouse(SqlWarehouse):
                 if self.embedding_dim is None:
                     raise WarehouseMissing(f"no warehouse tables in {self.where}: run `nightscore run nightly` first")
                 _run_ddl(conn, ddl(self.embedding_dim, "postgres"))
-            elif self.embedding_dim is not None and _recorded_ddl_version(conn) != ddl_version():
+            elif self.embedding_dim is not None and _recorded_ddl_version(conn) != ddl_version("postgres"):
                 self._upgrade(conn)
             if self.embedding_dim is not None:
                 _check_width(conn, self.embedding_dim, self.where)
@@ -253,11 +252,6 @@ def _described_columns(conn: psycopg.Connection[Any], sql: str) -> list[str]:
     return [(described.fname(i) or b"").decode() for i in range(described.nfields)]
 
 
-def ddl_version() -> str:
-    """Return the version of the DDL a writer keeps a schema at (a hash of upgrade_ddl's statements)."""
-    return hashlib.sha256("\n".join(upgrade_ddl("postgres")).encode()).hexdigest()[:16]
-
-
 def _create_lock_table(conn: psycopg.Connection[Any]) -> None:
     """Create the writers' lock table unless it exists (its one row: the DDL version last run on the schema)."""
     row = conn.execute("SELECT to_regclass(%s)", [WRITER_LOCK_TABLE]).fetchone()
@@ -281,7 +275,7 @@ def _run_ddl(conn: psycopg.Connection[Any], statements: list[str]) -> None:
     for statement in statements:
         conn.execute(statement)
     conn.execute(f"DELETE FROM {WRITER_LOCK_TABLE}")
-    conn.execute(f"INSERT INTO {WRITER_LOCK_TABLE} (ddl_version) VALUES (%s)", [ddl_version()])
+    conn.execute(f"INSERT INTO {WRITER_LOCK_TABLE} (ddl_version) VALUES (%s)", [ddl_version("postgres")])
 
 
 def check_analyst_role(conn: psycopg.Connection[Any], where: str) -> None:

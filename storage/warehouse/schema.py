@@ -6,6 +6,7 @@ for one SQL dialect. Every difference between DuckDB and PostgreSQL DDL lives in
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 Dialect = Literal["duckdb", "postgres"]
@@ -221,6 +222,11 @@ def upgrade_ddl(dialect: Dialect) -> list[str]:
     statements = [_create_table(table, columns, dialect, 0) for table, columns in INTERNAL_TABLES.items()]
     statements += added_columns(dialect)
     return statements + [f"CREATE OR REPLACE VIEW {name} AS {sql}" for name, sql in VIEWS.items()]
+
+
+def ddl_version(dialect: Dialect) -> str:
+    """Return the version of the DDL a writer keeps a warehouse at (a hash of upgrade_ddl's statements)."""
+    return hashlib.sha256("\n".join(upgrade_ddl(dialect)).encode()).hexdigest()[:16]
 
 
 def added_columns(dialect: Dialect) -> list[str]:

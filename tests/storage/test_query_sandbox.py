@@ -27,7 +27,8 @@ from core.errors import QueryRefused, QueryTimeout, UsageError
 from storage.resources import open_warehouse
 from storage.warehouse.base import Warehouse
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
-from storage.warehouse.postgres_warehouse import PostgresWarehouse, ddl_version
+from storage.warehouse.postgres_warehouse import PostgresWarehouse
+from storage.warehouse.schema import ddl_version
 from tests.storage.conftest import DIM
 from tests.storage.test_warehouse import hold_write_lock, publish
 
@@ -365,7 +366,7 @@ def test_postgres_schema_of_an_older_nightscore_gets_the_writer_lock_table(pg_sc
     with psycopg.connect(pg_schema, autocommit=True) as admin:
         assert admin.execute("select run_id from latest_run").fetchall() == [("r2",)]  # the view was upgraded
         versions = admin.execute("select ddl_version from nightscore_writer_lock").fetchall()
-    assert versions == [(ddl_version(),)]
+    assert versions == [(ddl_version("postgres"),)]
 
 
 def test_postgres_ctrl_c_cancels_the_statement_on_the_server(pg_schema: str, pg_roles: dict[str, str], tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from storage.resources import open_warehouse
 from storage.warehouse.base import Warehouse
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
 from storage.warehouse.postgres_warehouse import LOCK_SQL, PostgresWarehouse, pg_sql, redact
+from storage.warehouse.schema import ddl_version
 from tests.storage.conftest import DIM, Backend
 
 DEAD_PG_URL = "postgresql://analyst:s3cr%40t@127.0.0.1:1/test"
@@ -434,6 +435,33 @@ def hold_write_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
+
+
+def _view_comment(path: Path, view: str) -> str | None:
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        row = con.execute("SELECT comment FROM duckdb_views() WHERE view_name = ?", [view]).fetchone()
+    return row[0] if row else None
+
+
+def test_duckdb_writers_run_the_ddl_only_when_its_version_changes(tmp_path: Path) -> None:
+    import duckdb
+
+    path = tmp_path / "w.duckdb"
+    publish(DuckDBWarehouse(str(path), embedding_dim=DIM), "r1", date(2026, 11, 29), n=4)
+    with duckdb.connect(str(path)) as con:
+        con.execute("COMMENT ON VIEW latest_run IS 'kept'")  # CREATE OR REPLACE VIEW would drop it
+    publish(DuckDBWarehouse(str(path), embedding_dim=DIM), "r2", date(2026, 11, 30), n=4)
+    assert _view_comment(path, "latest_run") == "kept"  # same DDL version: no statement ran
+    with duckdb.connect(str(path)) as con:  # a file an older nightscore wrote: no version, an old view
+        con.execute("DROP TABLE nightscore_ddl")
+        con.execute("CREATE OR REPLACE VIEW latest_run AS SELECT * FROM scoring_runs WHERE false")
+    publish(DuckDBWarehouse(str(path), embedding_dim=DIM), "r3", date(2026, 12, 1), n=4)
+    assert DuckDBWarehouse(str(path)).query("select run_id from latest_run").rows == [("r3",)]  # upgraded
+    assert _view_comment(path, "latest_run") is None
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT ddl_version FROM nightscore_ddl").fetchall() == [(ddl_version("duckdb"),)]
 
 
 def test_duckdb_publish_waits_for_a_lock_then_succeeds(tmp_path: Path) -> None:
