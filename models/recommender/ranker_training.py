@@ -84,7 +84,7 @@ def training_threads(asked: int, rows: int) -> int:
     """Return LightGBM's thread count: the one asked for, else one per ROWS_PER_THREAD rows up to the cores."""
     if asked > 0:
         return asked
-    return max(1, min(len(os.sched_getaffinity(0)), rows // ROWS_PER_THREAD))
+    return max(1, min(os.cpu_count() or 1, rows // ROWS_PER_THREAD))
 
 
 def train_lambdarank(rows: Rows, names: tuple[str, ...], params: RankerParams = RankerParams()) -> LgbmScorer:
