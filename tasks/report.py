@@ -6,6 +6,7 @@ Also the encode progress artifact, created at planning and moved by each shard.
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,15 @@ from tasks.report_page import QuarantineRule, contracts_line, contracts_markdown
 
 def artifact_key(kind: str) -> str:
     """Return the artifact key of this deployment (or flow) and kind, e.g. nightly-summary: versions group by it."""
-    name = deployment.name or flow_run.flow_name or "nightscore"
+    name = _artifact_owner(flow_run.id)
     return "".join(c if c.isalnum() else "-" for c in f"{name}-{kind}".lower())
+
+
+@functools.lru_cache(maxsize=64)
+def _artifact_owner(flow_run_id: str | None) -> str:
+    """Return the deployment (or flow) name of a flow run, looked up once per run: outside the flow's own thread each
+    lookup reads the flow run from the API, and a run keys five artifacts."""
+    return deployment.name or flow_run.flow_name or "nightscore"
 
 
 def start_progress(shards: int) -> str:

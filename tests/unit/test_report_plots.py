@@ -1,0 +1,61 @@
+"""Unit: the run report's PNG plots (tasks/report_plots.py) are drawn without pyplot, at the report's size."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import StepPatch
+from PIL import Image
+
+from tasks import report_plots as draw
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def size(png: bytes) -> tuple[int, int]:
+    """Return (width, height) of PNG bytes."""
+    with Image.open(io.BytesIO(png)) as image:
+        assert image.format == "PNG"
+        return image.size
+
+
+def test_every_plot_is_a_png_of_the_report_size() -> None:
+    rng = np.random.default_rng(0)
+    pngs = [
+        draw.topic_distribution(["sports", "science fiction"], [7, 3]),
+        draw.token_lengths(rng.integers(1, 300, 500), [32, 64, 128, 256]),
+        draw.score_distributions(rng.random(200), rng.random(100), "nightly-2026-11-29"),
+        draw.score_distributions(rng.random(200), None, None),
+        draw.retrieval_quality(["popularity", "ranked_lightgbm"], [0.4, 0.5], [0.1, 0.2], 20),
+    ]
+    assert [size(png) for png in pngs] == [(700, 320)] * len(pngs)
+
+
+def test_plots_never_import_pyplot() -> None:
+    # pyplot keeps global figure state that concurrent flows in one process would share; Figure + Agg needs none
+    script = (
+        "import sys, numpy as np; from tasks import report_plots as d;"
+        "d.topic_distribution(['a'], [1]); d.token_lengths(np.arange(9), [4]);"
+        "print('matplotlib.pyplot' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_a_histogram_is_one_patch_holding_numpys_counts() -> None:
+    values, bins = np.array([0.1, 0.2, 0.2, 0.9, 1.0]), np.linspace(0.0, 1.0, 5)
+    ax = Figure().subplots()
+    draw._histogram(ax, values, bins, density=True)
+    assert len(ax.patches) == 1
+    stairs = ax.patches[0]
+    assert isinstance(stairs, StepPatch)
+    drawn, drawn_edges, _ = stairs.get_data()
+    expected, edges = np.histogram(values, bins=bins, density=True)
+    np.testing.assert_allclose(drawn, expected)
+    np.testing.assert_allclose(drawn_edges, edges)
