@@ -20,7 +20,7 @@ from core.errors import UsageError
 from models.encoder.backends.base import BackendRequest, BackendUnavailable
 from models.encoder.backends.openvino_int8.search import QuantizationFailed
 from models.encoder.backends.registry import load_backend
-from models.encoder.calibration import calibration_texts, run_calibration
+from models.encoder.calibration import calibration_texts, limit_repeats, run_calibration
 from models.encoder.calibration_store import calibration_file, persist, read_persisted
 from models.encoder.device import configure_threads, default_token_budget, resolve_device, tokenizer_threads
 from models.encoder.engine import encode_texts, warm_up
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # auto's int8 candidates must beat float by this much before a backend searches for its float layers: a
 # faithful int8 keeps some layers float, so an all-int8 model only this fast cannot win the calibration
 INT8_MIN_SPEEDUP = 1.05
+LIMIT_REPEATS = 3  # texts of one word repeated past the length limit in each int8 corpus (statistics, verdict)
 
 Loader = Callable[[Mode], TextEncoder]
 
@@ -89,10 +90,11 @@ def backend_request(
 def sample_batches(
     tokenizer: Tokenizer, info: ModelInfo, seed: int = 0, tokens: int = 6000
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-    """Return one unpadded batch per text of a calibration corpus (seed) and the probes (int8 statistics, verdicts)."""
+    """Return one unpadded batch per text of a calibration corpus (seed), words repeated to the limit and the probes
+    (int8 statistics, verdicts)."""
     limit = info.max_seq_length
     batches = []
-    for text in [*calibration_texts(tokenizer, limit, tokens, seed), *PROBE_TEXTS]:
+    for text in [*calibration_texts(tokenizer, limit, tokens, seed), *limit_repeats(limit, LIMIT_REPEATS, seed), *PROBE_TEXTS]:
         ids = tokenizer.encode(text).ids
         ids = ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:]
         batches.append((torch.tensor([ids], dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)))
