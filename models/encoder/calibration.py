@@ -100,7 +100,7 @@ def calibration_texts(tokenizer: Tokenizer, max_length: int, tokens: int, seed: 
     activations far past what sentences do, and static int8 scales must cover them.
     """
     rng = np.random.default_rng(seed)
-    words = " ".join(PROBE_TEXTS[:8] + PROBE_TEXTS[11:14]).split()
+    words = corpus_words()
     texts: list[str] = []
     total = 0
     while total < tokens:
@@ -115,6 +115,11 @@ def calibration_texts(tokenizer: Tokenizer, max_length: int, tokens: int, seed: 
     return texts
 
 
+def corpus_words() -> list[str]:
+    """Return the words the calibration corpora are made of (those of the sentence-like probe texts)."""
+    return " ".join(PROBE_TEXTS[:8] + PROBE_TEXTS[11:14]).split()
+
+
 def limit_repeats(max_length: int, count: int, seed: int = 0) -> list[str]:
     """Return `count` texts that each repeat one word past max_length (drawn by seed from calibration_texts' words).
 
@@ -123,7 +128,7 @@ def limit_repeats(max_length: int, count: int, seed: int = 0) -> list[str]:
     min cosine 0.9895 on "very " * 300, under its 0.99 floor. The int8 statistics and verdict corpora carry them.
     """
     rng = np.random.default_rng(seed)
-    words = " ".join(PROBE_TEXTS[:8] + PROBE_TEXTS[11:14]).split()
+    words = corpus_words()
     return [" ".join([words[int(rng.integers(0, len(words)))]] * max_length) for _ in range(count)]
 
 
