@@ -110,13 +110,16 @@ def int8_request(folder: Path, floor: float = 0.99) -> BackendRequest:
     return backend_request(spec, info, load_module(info), "int8", torch.device("cpu"), 2, load_tokenizer(str(info.path)))
 
 
+SEARCH_CALIBRATION_TEXTS, SEARCH_VALIDATION_TEXTS = 40, 24  # the int8 search's logic tests take these many
+
+
 def int8_search_inputs(
-    folder: Path, calibration_texts: int = 40, validation_texts: int = 24
+    folder: Path, calibration_texts: int = SEARCH_CALIBRATION_TEXTS, validation_texts: int = SEARCH_VALIDATION_TEXTS
 ) -> tuple[Any, list[dict[str, np.ndarray]], Validation, dict[str, object]]:
     """Return (float IR, calibration batches, validation, f32 config on 2 threads) of the int8 search on folder's model.
 
     The search's tests check its logic, not MiniLM's fidelity: they take evenly spaced subsets of the product's
-    calibration and validation texts (161 and 97 on a random BERT), which cut a search's 22 s to about 14 s on 2 cores.
+    calibration and validation texts (164 and 100 on a random BERT), which cut a search's 22 s to about 14 s on 2 cores.
     """
     from models.encoder.backends.openvino_backend import _validation, convert
     from models.encoder.backends.openvino_int8.search import Validation

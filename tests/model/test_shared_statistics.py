@@ -17,14 +17,14 @@ from models.encoder.backends.registry import unavailable_reason
 from models.encoder.files import load_module, load_tokenizer, model_info
 from models.encoder.loader import backend_request
 from models.encoder.spec import EncoderSpec
-from tests.model.st_models import ARCHS, save_random_model, spaced
+from tests.model.st_models import ARCHS, SEARCH_CALIBRATION_TEXTS, save_random_model, spaced
 
 CONFIG: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str, np.ndarray]]]:
-    """Return a random BERT converted to OpenVINO and 40 of its calibration batches (tests/model/st_models.py)."""
+    """Return a random BERT converted to OpenVINO and the calibration batches the search's tests take (st_models.py)."""
     reason = unavailable_reason("openvino", "int8", torch.device("cpu"))
     if reason:
         pytest.skip(f"openvino/int8: {reason}")
@@ -34,7 +34,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str,
     module = load_module(info)
     request = backend_request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(str(folder)))
     calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    return convert(module), [calibration[i] for i in spaced(len(calibration), 40)]  # what the search's tests take
+    return convert(module), [calibration[i] for i in spaced(len(calibration), SEARCH_CALIBRATION_TEXTS)]
 
 
 def outputs(model: Any, batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
