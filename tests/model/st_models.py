@@ -125,12 +125,17 @@ def int8_search_inputs(
     from models.encoder.backends.openvino_int8.search import Validation
 
     request = int8_request(folder)
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
     full = _validation(request)
     rows = spaced(len(full.batches), validation_texts)
     validation = Validation([full.batches[i] for i in rows], full.expected[rows], full.pooling, full.normalize)
     config: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
-    return convert(request.module), [calibration[i] for i in spaced(len(calibration), calibration_texts)], validation, config
+    return convert(request.module), search_calibration(request, calibration_texts), validation, config
+
+
+def search_calibration(request: BackendRequest, count: int = SEARCH_CALIBRATION_TEXTS) -> list[dict[str, np.ndarray]]:
+    """Return `count` evenly spaced batches of the request's int8 calibration corpus, as OpenVINO inputs."""
+    batches = request.sample_batches
+    return [{"input_ids": batches[i][0].numpy(), "attention_mask": batches[i][1].numpy()} for i in spaced(len(batches), count)]
 
 
 def spaced(total: int, count: int) -> np.ndarray:

@@ -14,10 +14,7 @@ from models.encoder.backends.openvino_backend import convert
 from models.encoder.backends.openvino_int8.search import quantized_roles
 from models.encoder.backends.openvino_int8.shared_statistics import SharedStatistics
 from models.encoder.backends.registry import unavailable_reason
-from models.encoder.files import load_module, load_tokenizer, model_info
-from models.encoder.loader import backend_request
-from models.encoder.spec import EncoderSpec
-from tests.model.st_models import ARCHS, SEARCH_CALIBRATION_TEXTS, save_random_model, spaced
+from tests.model.st_models import ARCHS, int8_request, save_random_model, search_calibration
 
 CONFIG: dict[str, object] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2}
 
@@ -28,13 +25,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str,
     reason = unavailable_reason("openvino", "int8", torch.device("cpu"))
     if reason:
         pytest.skip(f"openvino/int8: {reason}")
-    folder = save_random_model(ARCHS[0], tmp_path_factory.mktemp("shared-stats"), seed=5)
-    spec = EncoderSpec(device="cpu", model_path=str(folder))
-    info = model_info(spec)
-    module = load_module(info)
-    request = backend_request(spec, info, module, "int8", torch.device("cpu"), 2, load_tokenizer(str(folder)))
-    calibration = [{"input_ids": i.numpy(), "attention_mask": m.numpy()} for i, m in request.sample_batches]
-    return convert(module), [calibration[i] for i in spaced(len(calibration), SEARCH_CALIBRATION_TEXTS)]
+    request = int8_request(save_random_model(ARCHS[0], tmp_path_factory.mktemp("shared-stats"), seed=5))
+    return convert(request.module), search_calibration(request)
 
 
 def outputs(model: Any, batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
