@@ -20,6 +20,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -43,12 +44,17 @@ class SuiteResults:
     seconds: float
 
 
-def previous_stats(lake: Lake, warehouse: Warehouse, dataset: str) -> dict[str, float] | None:
-    """Return a dataset's stats from the latest published run, or None for a first run."""
+def previous_stats(lake: Lake, warehouse: Warehouse, datasets: Iterable[str]) -> dict[str, dict[str, float] | None]:
+    """Return each dataset's stats from the latest published run (None for each on a first run).
+
+    One warehouse lookup for all of them: every dataset of a gate is compared with the same run, even when
+    another run publishes meanwhile.
+    """
     latest = warehouse.latest_published()
     if latest is None:
-        return None
-    return lake.read_json(f"{run_folder(lake.uri, latest.run_date, latest.run_id)}/contracts/{dataset}.stats.json")
+        return dict.fromkeys(datasets)
+    folder = run_folder(lake.uri, latest.run_date, latest.run_id)
+    return {dataset: lake.read_json(f"{folder}/contracts/{dataset}.stats.json") for dataset in datasets}
 
 
 def docs_uri(lake: Lake, run: RunRef, dataset: str) -> str:
@@ -113,8 +119,9 @@ def gate(
     """Validate each dataset's view against its suite; raise ContractViolation naming each failed expectation."""
     started, params = time.perf_counter(), SuiteParams.from_settings(run.settings, expected_users)
     docs, versions, failed = {}, {}, []
+    previous = previous_stats(lake, warehouse, views)
     for dataset, view in views.items():
-        report = validate_into_lake(lake, run, dataset, view, previous_stats(lake, warehouse, dataset), params)
+        report = validate_into_lake(lake, run, dataset, view, previous[dataset], params)
         lake.write_json(report.statistics, run.path(f"contracts/{dataset}.stats.json"))
         write_outcomes(lake, run, report)
         docs[dataset], versions[dataset] = str(report.docs_path), report.suite_version

@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 
 from core.errors import WarehouseBusy
+from core.run_context import run_folder
 from core.settings import load_settings
+from data_contracts.datasets import DATASETS
 from flows.nightly import nightly
 from flows.params import NightlyParams
 from nightscore import cli
 from storage.lake import Lake
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse.base import Warehouse
+from storage.warehouse.runs import PublishedRun
 from tasks.on_demand import latest_inputs
 from tasks.plan import previous_vectors
 from tasks.report import previous_scores
@@ -32,7 +35,7 @@ def params(folder: Path, run_date: str) -> NightlyParams:
 
 
 LOOKUPS = {
-    "suites: previous stats": lambda lake, wh, run: previous_stats(lake, wh, "items"),
+    "suites: previous stats": lambda lake, wh, run: previous_stats(lake, wh, ["items", "interactions"]),
     "plan: reusable vectors": lambda lake, wh, run: previous_vectors(lake, wh),
     "on-demand: latest inputs": lambda lake, wh, run: latest_inputs(lake, wh),
     "report: previous scores": lambda lake, wh, run: previous_scores(lake, wh, run),
@@ -70,3 +73,25 @@ def test_a_held_lock_fails_every_previous_run_lookup_and_the_run_clearly(
     assert rows == [(first.run_id, "published")]  # the blocked attempt never started as a first run
     with cache_for(cfg) as cache:
         assert cache.current() == first.run_id
+
+
+def test_a_gate_reads_every_datasets_previous_stats_from_one_lookup(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = nightly(params(demo_inputs(tmp_path / "in", items=120, users=30, seed=3), "2026-11-29"))
+    cfg = load_settings()
+    lake: Lake = lake_for(cfg)
+    warehouse: Warehouse = warehouse_for(cfg)
+    lookups: list[str | None] = []
+    real = warehouse.latest_published
+
+    def counted(excluding: str | None = None) -> PublishedRun | None:
+        lookups.append(excluding)
+        return real(excluding)
+
+    monkeypatch.setattr(warehouse, "latest_published", counted)
+
+    stats = previous_stats(lake, warehouse, DATASETS)
+    folder = run_folder(lake.uri, "2026-11-29", first.run_id)
+    assert stats == {dataset: lake.read_json(f"{folder}/contracts/{dataset}.stats.json") for dataset in DATASETS}
+    assert all(stats.values()) and lookups == [None]  # one lookup: every dataset compared with the same run
