@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tasks.encode import limit_exists
 from tests import prefect_rest as rest
 from tests.flow.test_deployments import CLI, wait_final
 from tests.helpers import UNGATED
@@ -30,8 +31,12 @@ from tests.tiny_model import tiny_environment
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Register the work pool (limit 1) and deployments with the module's server; return the API URL and the environment."""
+def deployed(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Register the work pool (limit 1) and deployments with the worker's server; return the API URL and the environment.
+
+    After the module the gpu limit `deploy` created goes: the worker's later modules share this server, and a run they
+    kill on purpose would hold its slot, so the run that resumes it would wait for the slot with no end.
+    """
     home = tmp_path_factory.mktemp("submission") / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
     env.update(
@@ -44,7 +49,10 @@ def deployed(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> d
     )
     done = subprocess.run([CLI, "deploy", "--demo"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"api": prefect_server, "env": env, "home": home}
+    yield {"api": prefect_server, "env": env, "home": home}
+    removed = rest.delete(f"{prefect_server}/v2/concurrency_limits/gpu", timeout=10)
+    assert removed.status_code in (200, 204), removed.text
+    limit_exists.cache_clear()  # this process may have asked while the limit was there
 
 
 @pytest.fixture(scope="module")
