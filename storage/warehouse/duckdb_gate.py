@@ -1,8 +1,8 @@
 """In-process order for DuckDB connections to one file: one configuration at a time, one schema change at a time.
 
-DuckDB shares one database instance among a process's connections to a file and refuses a connection whose
-configuration differs from the open ones ("Can't open a connection to same database file with a different
-configuration"): a read-only or sandboxed read while a run's heartbeat thread holds a read-write connection.
+A process attaches a file once, in one mode, and its connections share that attachment (storage/warehouse/
+duckdb_host.py; DuckDB's own cached instance likewise refuses "a connection to same database file with a different
+configuration"): a read-only read while a run's heartbeat thread holds a read-write connection has to wait.
 Two threads replacing the same view at once fail with a catalog write-write conflict. The gate makes the first
 wait (bounded, like another process's file lock) and runs the second one at a time.
 """

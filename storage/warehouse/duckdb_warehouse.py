@@ -31,6 +31,7 @@ from storage.warehouse.duckdb_analyst import (
     watched,
 )
 from storage.warehouse.duckdb_gate import GATE, config_key
+from storage.warehouse.duckdb_host import HOST
 from storage.warehouse.schema import (
     ddl,
     ddl_version,
@@ -109,20 +110,15 @@ class DuckDBWarehouse(SqlWarehouse):
             con.execute("COMMIT")
 
     @contextmanager
-    def _connection(
-        self, read_only: bool, config: dict[str, str | bool] | None = None, wait_s: float | None = None
-    ) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Yield a connection, closed after; this process's connections of another configuration are waited for.
+    def _connection(self, read_only: bool, wait_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection to the file (attached to the process's DuckDB while used); this process's connections
+        in the other mode are waited for.
 
         wait_s: how long to wait for the file in all (None: lock_timeout_s, or the retries' backoff).
         """
-        config = config or {}
-        with GATE.holding(self.path, config_key(read_only, config), self._wait_bound_s() if wait_s is None else wait_s):
-            con = self._connect_with_retry(read_only, config, wait_s)
-            try:
-                yield con
-            finally:
-                con.close()
+        bound = self._wait_bound_s() if wait_s is None else wait_s
+        with GATE.holding(self.path, config_key(read_only, {}), bound), self._connect_with_retry(read_only, wait_s) as con:
+            yield con
 
     def _wait_bound_s(self) -> float:
         """Return how long a connection waits for the file in all (lock_timeout_s, or the retries' backoff)."""
@@ -149,7 +145,8 @@ class DuckDBWarehouse(SqlWarehouse):
     def _check_width(self, con: duckdb.DuckDBPyConnection, width: int) -> None:
         """Refuse a run whose embeddings do not fit the warehouse's item_scores.embedding column."""
         row = con.execute(
-            "SELECT data_type FROM information_schema.columns WHERE table_name = 'item_scores' AND column_name = 'embedding'"
+            "SELECT data_type FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_name = 'item_scores' AND column_name = 'embedding'"
         ).fetchone()
         declared = re.search(r"\[(\d+)\]", row[0]) if row else None
         if declared and int(declared.group(1)) != width:
@@ -158,10 +155,9 @@ class DuckDBWarehouse(SqlWarehouse):
                 f"{width}-wide ones: publish to a new warehouse (NIGHTSCORE_WAREHOUSE_URL)"
             )
 
-    def _connect_with_retry(
-        self, read_only: bool, config: dict[str, str | bool] | None = None, wait_s: float | None = None
-    ) -> duckdb.DuckDBPyConnection:
-        """Connect, retrying with exponential backoff (tenacity) while another process holds the file's lock.
+    @contextmanager
+    def _connect_with_retry(self, read_only: bool, wait_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection, retrying with exponential backoff (tenacity) while another process holds the file's lock.
 
         A lock still held at the end of the bounded wait raises WarehouseBusy (a PublishError), never
         WarehouseMissing: a locked warehouse is not "no warehouse yet".
@@ -177,13 +173,18 @@ class DuckDBWarehouse(SqlWarehouse):
         )
         started = time.monotonic()
         try:
-            return retrying(duckdb.connect, self.path, read_only=read_only, config=config or {})
+            alias = retrying(HOST.attach, self.path, read_only)
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 raise NightscoreError(f"warehouse {self.path} cannot be opened: {_line(exc)}") from exc
             raise WarehouseBusy(
                 f"warehouse {self.path} is locked by another process (waited {time.monotonic() - started:.0f} s): {_line(exc)}"
             ) from exc
+        try:
+            with HOST.using(alias) as con:
+                yield con
+        finally:
+            HOST.release(self.path)
 
     @contextmanager
     def _reading(self, wait_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -263,5 +264,8 @@ def _missing_duckdb_objects(con: duckdb.DuckDBPyConnection) -> int:
     """Return how many of the warehouse's tables and views the DuckDB file lacks."""
     names = object_names("duckdb")
     marks = ", ".join("?" for _ in names)
-    row = con.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name IN ({marks})", names).fetchone()
+    row = con.execute(
+        f"SELECT count(*) FROM information_schema.tables WHERE table_catalog = current_database() AND table_name IN ({marks})",
+        names,
+    ).fetchone()
     return len(names) - int(row[0]) if row else len(names)

@@ -282,7 +282,8 @@ def _runs_to_prune(session: Session, keep_runs: int | None, keep_days: int | Non
 def _live_runs(session: Session) -> set[str]:
     """Return the runs whose attempt holds a lease that has not expired (never pruned under a running attempt)."""
     exists = session.run(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_leases' AND table_schema = current_schema()"
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_leases' "
+        "AND table_catalog = current_database() AND table_schema = current_schema()"
     )
     if not exists or not exists[0][0]:
         return set()

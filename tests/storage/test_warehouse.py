@@ -25,7 +25,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from core.errors import PublishError, UsageError, WarehouseBusy
+from core.errors import PublishError, UsageError, WarehouseBusy, WarehouseMissing
 from storage.resources import open_warehouse
 from storage.warehouse.base import Warehouse
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
@@ -489,6 +489,39 @@ def test_duckdb_publish_gives_up_on_a_held_lock_with_a_clear_error(tmp_path: Pat
         holder.kill()
         holder.wait()
     assert one(DuckDBWarehouse(str(path)), "select run_id from latest_run") == "r1"
+
+
+def _another_process_can_write(path: Path) -> bool:
+    """Return whether a new process can open the DuckDB file for writing (no other process holds its lock)."""
+    done = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()", str(path)])
+    return done.returncode == 0
+
+
+def test_duckdb_holds_the_file_only_while_a_connection_is_in_use(tmp_path: Path) -> None:
+    path = tmp_path / "w.duckdb"
+    wh = DuckDBWarehouse(str(path), embedding_dim=DIM)
+    publish(wh, "r1", date(2026, 11, 29))
+    assert _another_process_can_write(path)
+    with wh._reading() as con:
+        assert con.execute("select run_id from latest_run").fetchall() == [("r1",)]
+        assert not _another_process_can_write(path)
+    assert _another_process_can_write(path)  # let go after use: the run's many short connections never starve others
+    publish(wh, "r2", date(2026, 11, 30))
+    assert one(wh, "select run_id from latest_run") == "r2"
+
+
+def test_duckdb_warehouses_open_at_once_in_one_process_see_only_their_own_tables(tmp_path: Path) -> None:
+    full, empty = tmp_path / "full.duckdb", tmp_path / "empty.duckdb"
+    publish(DuckDBWarehouse(str(full), embedding_dim=DIM), "r1", date(2026, 11, 29))
+    import duckdb
+
+    duckdb.connect(str(empty)).close()  # a DuckDB file without the warehouse's tables
+    with DuckDBWarehouse(str(full))._reading():
+        with pytest.raises(WarehouseMissing, match="no warehouse tables"):
+            DuckDBWarehouse(str(empty)).query("select 1")
+        publish(DuckDBWarehouse(str(empty), embedding_dim=DIM), "r2", date(2026, 11, 30))
+        assert one(DuckDBWarehouse(str(empty)), "select string_agg(run_id) from scoring_runs") == "r2"
+    assert one(DuckDBWarehouse(str(full)), "select string_agg(run_id) from scoring_runs") == "r1"
 
 
 # --- PostgreSQL specifics ---------------------------------------------------------------------
