@@ -19,11 +19,6 @@ from pathlib import Path
 import duckdb
 
 
-def _literal(text: str) -> str:
-    """Return text as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
-
-
 class DuckDBHost:
     """The process's in-memory DuckDB and the warehouse files attached to it, with how many users each has."""
 
@@ -45,8 +40,8 @@ class DuckDBHost:
                 return alias
             alias = "warehouse_" + hashlib.sha1(name.encode()).hexdigest()[:12]
             if not read_only and not self._attached:  # a big write spills beside its file, as in its own instance
-                host.execute(f"SET temp_directory = {_literal(name + '.tmp')}")
-            host.execute(f"ATTACH {_literal(name)} AS {alias}{' (READ_ONLY)' if read_only else ''}")
+                host.execute("SET temp_directory = ?", [name + ".tmp"])
+            host.execute(f"ATTACH ? AS {alias}{' (READ_ONLY)' if read_only else ''}", [name])
             self._attached[name] = (alias, 1)
             return alias
 
