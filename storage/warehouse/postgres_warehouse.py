@@ -305,16 +305,27 @@ def _schema_exists(conn: psycopg.Connection[Any]) -> bool:
 
 def _check_width(conn: psycopg.Connection[Any], width: int, where: str) -> None:
     """Refuse a run whose embeddings do not fit the schema's item_scores.embedding check (cardinality = width)."""
-    row = conn.execute(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c WHERE c.conrelid = to_regclass('item_scores') "
-        "AND c.contype = 'c' AND pg_get_constraintdef(c.oid) LIKE '%cardinality(embedding)%'"
-    ).fetchone()
-    declared = re.search(r"=\s*(\d+)", row[0]) if row else None
+    checks = [row[0] for row in _check_constraints(conn, "item_scores") if "cardinality(embedding)" in row[0]]
+    declared = re.search(r"=\s*(\d+)", checks[0]) if checks else None
     if declared and int(declared.group(1)) != width:
         raise PublishError(
             f"warehouse {where} holds {declared.group(1)}-wide embeddings and this run's model makes "
             f"{width}-wide ones: publish to a new schema or database (NIGHTSCORE_WAREHOUSE_URL)"
         )
+
+
+def _check_constraints(conn: psycopg.Connection[Any], table: str) -> list[tuple[str]]:
+    """Return the definitions of a table's CHECK constraints (none when the search_path has no such table).
+
+    The table's oid is looked up first and pg_get_constraintdef runs in the select list only: in a WHERE clause a
+    sequential scan of pg_constraint ran it on every check constraint of the database, before the conrelid test,
+    and failed ("could not open relation with OID") on a table that another session was dropping.
+    """
+    row = conn.execute("SELECT to_regclass(%s)::oid", [table]).fetchone()
+    if row is None or row[0] is None:
+        return []
+    definitions = "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s AND contype = 'c'"
+    return conn.execute(definitions, [row[0]]).fetchall()
 
 
 def _missing_objects(conn: psycopg.Connection[Any]) -> int:

@@ -29,7 +29,7 @@ from core.errors import PublishError, UsageError, WarehouseBusy, WarehouseMissin
 from storage.resources import open_warehouse
 from storage.warehouse.base import Warehouse
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
-from storage.warehouse.postgres_warehouse import LOCK_SQL, PostgresWarehouse, pg_sql, redact
+from storage.warehouse.postgres_warehouse import LOCK_SQL, PostgresWarehouse, _check_width, pg_sql, redact
 from storage.warehouse.schema import ddl_version
 from tests.storage.conftest import DIM, Backend
 
@@ -613,6 +613,40 @@ def test_postgres_concurrent_publishers_both_land(pg_schema: str) -> None:
     assert one(wh, "select count(*) from item_scores") == 50 * (1 + 2 + 3 + 4)
     latest = one(wh, "select run_id from latest_run")
     assert one(wh, "select count(*) from latest_item_scores") == 50 * int(str(latest)[1:])
+
+
+def test_postgres_width_check_ignores_tables_another_session_is_dropping(pg_server: str, pg_schema: str) -> None:
+    """A sequential scan of pg_constraint (the planner's choice on some catalogs; forced here) must not read the check
+    constraints of other tables: CI once failed with "could not open relation with OID" while a test dropped its schema."""
+    publish(open_warehouse(pg_schema, embedding_dim=DIM), "r1", date(2026, 11, 30))
+    other, stop, churned = f"nstest_{uuid.uuid4().hex}", threading.Event(), [0]
+
+    def churn() -> None:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute(f"CREATE TABLE {other}.t (x int CHECK (x > 0), y int CHECK (y < 5))")
+                conn.execute(f"DROP TABLE {other}.t")
+                churned[0] += 1
+
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {other}")
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        with psycopg.connect(pg_schema, autocommit=True) as conn:
+            conn.execute("SET enable_indexscan = off")
+            conn.execute("SET enable_bitmapscan = off")
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                _check_width(conn, DIM, "test")
+            with pytest.raises(PublishError, match=f"holds {DIM}-wide embeddings"):
+                _check_width(conn, DIM + 1, "test")
+    finally:
+        stop.set()
+        churner.join(timeout=WAIT_S)
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {other} CASCADE")
+    assert churned[0] > 10  # the other session really was creating and dropping tables meanwhile
 
 
 # --- latest = newest run_date; retraction (issue 18, items 5 and 6) -----------------------------
