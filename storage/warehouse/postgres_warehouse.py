@@ -305,7 +305,7 @@ def _schema_exists(conn: psycopg.Connection[Any]) -> bool:
 
 def _check_width(conn: psycopg.Connection[Any], width: int, where: str) -> None:
     """Refuse a run whose embeddings do not fit the schema's item_scores.embedding check (cardinality = width)."""
-    checks = [row[0] for row in _check_constraints(conn, "item_scores") if "cardinality(embedding)" in row[0]]
+    checks = [check for check in _check_constraints(conn, "item_scores") if "cardinality(embedding)" in check]
     declared = re.search(r"=\s*(\d+)", checks[0]) if checks else None
     if declared and int(declared.group(1)) != width:
         raise PublishError(
@@ -314,7 +314,7 @@ def _check_width(conn: psycopg.Connection[Any], width: int, where: str) -> None:
         )
 
 
-def _check_constraints(conn: psycopg.Connection[Any], table: str) -> list[tuple[str]]:
+def _check_constraints(conn: psycopg.Connection[Any], table: str) -> list[str]:
     """Return the definitions of a table's CHECK constraints (none when the search_path has no such table).
 
     The table's oid is looked up first and pg_get_constraintdef runs in the select list only: in a WHERE clause a
@@ -325,7 +325,7 @@ def _check_constraints(conn: psycopg.Connection[Any], table: str) -> list[tuple[
     if row is None or row[0] is None:
         return []
     definitions = "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s AND contype = 'c'"
-    return conn.execute(definitions, [row[0]]).fetchall()
+    return [str(found[0]) for found in conn.execute(definitions, [row[0]]).fetchall()]
 
 
 def _missing_objects(conn: psycopg.Connection[Any]) -> int:
