@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from core.errors import ModelLoadError
+from models.encoder.bert import bert_config, load_bert
 from models.encoder.spec import EncoderSpec
 from models.encoder.st_layout import ModelInfo, read_model_info
 
@@ -71,8 +73,20 @@ def pad_id(tokenizer: Tokenizer) -> int:
 
 
 def load_module(info: ModelInfo) -> torch.nn.Module:
-    """Return the fp32 transformers model of a model folder in eval mode (SDPA attention where it has one)."""
-    import transformers  # heavy: imported when a model is loaded, not when the engine's modules are
+    """Return the fp32 torch model of a model folder in eval mode: a plain BERT in `models/encoder/bert.py` where it
+    describes the folder, else transformers' model (SDPA attention where it has one)."""
+    config = bert_config(info.path)
+    if config is not None:
+        try:
+            return load_bert(info.path, config)
+        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:  # a cut-short or mismatched weights file
+            raise ModelLoadError(f"cannot load the model under {info.path}: {str(exc)[:300]}") from exc
+    return load_transformers_module(info)
+
+
+def load_transformers_module(info: ModelInfo) -> torch.nn.Module:
+    """Return transformers' fp32 model of a model folder in eval mode (SDPA attention where it has one)."""
+    import transformers  # heavy (1.7-2 s of imports): only for the folders models/encoder/bert.py does not describe
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
