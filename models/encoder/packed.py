@@ -70,7 +70,8 @@ def varlen_attention() -> Callable[..., torch.Tensor] | None:
 
 
 class PackedBert:
-    """Runs a transformers BertModel on packed batches: (ids, positions, rows, offsets) -> hidden states [tokens, width]."""
+    """Runs a BertModel (models/encoder/bert.py, or transformers') on packed batches: (ids, positions, rows, offsets)
+    -> hidden states [tokens, width]."""
 
     def __init__(self, model: torch.nn.Module, attention: str = "padded", fuse: bool = True) -> None:
         reason = unsupported(model)
@@ -78,7 +79,7 @@ class PackedBert:
             raise ValueError(reason)
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r} (one of {', '.join(ATTENTIONS)})")
-        self.model = cast(Any, model)  # a transformers BertModel (its submodules are reached by name)
+        self.model = cast(Any, model)  # a BertModel, ours or transformers' (submodules reached by name)
         self.attention = attention
         self.heads = int(self.model.config.num_attention_heads)
         self.layers = list(self.model.encoder.layer)
