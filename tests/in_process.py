@@ -1,9 +1,9 @@
 """The `nightscore` command line run inside the test process, for the runs whose test is not about the process.
 
-A console-script run pays a new interpreter's imports (Prefect, torch, transformers, Great Expectations: 6-11 s
-on 2 cores) before its flow starts; the same `main(argv)` called here pays them once per worker. What a child
-process would not share with this one is set up and undone around the call: the NIGHTSCORE_ variables, the
-signal handlers and stop flag, and the root logger's handlers that each command configures.
+A console-script run pays a new interpreter's imports (Prefect, torch, Great Expectations, matplotlib: about 5 s
+on a 2-core Xeon, 6-11 s on slower hosts) before its flow starts; the same `main(argv)` called here pays them once
+per worker. What a child process would not share with this one is set up and undone around the call: the
+NIGHTSCORE_ variables, the signal handlers and stop flag, and the root logger's handlers that each command configures.
 """
 
 from __future__ import annotations
