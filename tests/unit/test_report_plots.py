@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+from matplotlib.backend_bases import RendererBase
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import StepPatch
 from PIL import Image
@@ -34,6 +37,27 @@ def test_every_plot_is_a_png_of_the_report_size() -> None:
         draw.retrieval_quality(["popularity", "ranked_lightgbm"], [0.4, 0.5], [0.1, 0.2], 20),
     ]
     assert [size(png) for png in pngs] == [(700, 320)] * len(pngs)
+
+
+def test_a_plot_is_drawn_once_and_keeps_its_labels_inside(monkeypatch: pytest.MonkeyPatch) -> None:
+    draws: list[Figure] = []
+    real_draw = Figure.draw
+
+    def counted(figure: Figure, renderer: RendererBase) -> None:
+        draws.append(figure)
+        real_draw(figure, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    long_names = ["a topic with a name as long as a user may give it", "sports"]
+    png = draw.topic_distribution(long_names, [7, 3])
+    assert len(draws) == 1  # savefig's own draw; before, a figure left with tight_layout's engine was drawn twice
+    figure = draws[0]
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    inside = figure.bbox.expanded(1.0, 1.0)
+    for label in figure.axes[0].get_xticklabels():  # laid out to fit: the rotated long name is not cut off
+        box = label.get_window_extent(renderer)
+        assert inside.x0 - 1 <= box.x0 and box.x1 <= inside.x1 + 1 and inside.y0 - 1 <= box.y0, box
+    assert size(png) == (700, 320)
 
 
 def test_plots_never_import_pyplot() -> None:
