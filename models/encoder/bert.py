@@ -31,6 +31,18 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # picklable,
     "swish": F.silu,
 }
 ATTENTIONS = ("sdpa", "eager")
+TRANSFORMERS_DEFAULTS: dict[str, Any] = {  # transformers.BertConfig's defaults, for the fields a config.json omits
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "pad_token_id": 0,
+}
 DROPPED = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")  # unused by an encoder's last states
 
 
@@ -54,21 +66,21 @@ class BertConfig:
 
 
 def bert_config(folder: Path) -> BertConfig | None:
-    """Return the folder's BertConfig where this module computes its model exactly (None: load it with transformers)."""
-    raw = json.loads((folder / "config.json").read_text())
+    """Return the folder's BertConfig where this module computes its model exactly (None: load it with transformers);
+    a field the file leaves out takes transformers' BertConfig default."""
+    raw = {**TRANSFORMERS_DEFAULTS, **json.loads((folder / "config.json").read_text())}
     plain = (
         raw.get("model_type") == "bert"
         and raw.get("position_embedding_type", "absolute") == "absolute"
         and not raw.get("is_decoder", False)
         and not raw.get("add_cross_attention", False)
-        and raw.get("hidden_act", "gelu") in ACTIVATIONS
+        and raw["hidden_act"] in ACTIVATIONS
+        and raw["hidden_size"] % raw["num_attention_heads"] == 0
         and (folder / "model.safetensors").is_file()
     )
     if not plain:
         return None
-    names = BertConfig.__dataclass_fields__
-    defaults = {"hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12, "max_position_embeddings": 512}
-    return BertConfig(**{**defaults, **{k: v for k, v in raw.items() if k in names}})
+    return BertConfig(**{k: v for k, v in raw.items() if k in BertConfig.__dataclass_fields__})
 
 
 class Output(NamedTuple):

@@ -89,9 +89,10 @@ def test_minilm_loads_as_the_plain_bert_with_transformers_vectors() -> None:
         {"position_embedding_type": "relative_key"},
         {"is_decoder": True},
         {"hidden_act": "quick_gelu"},
+        {"num_attention_heads": 5},
         {"weights": "pytorch_model.bin"},
     ],
-    ids=["roberta", "relative-positions", "decoder", "unknown-activation", "pickled-weights-only"],
+    ids=["roberta", "relative-positions", "decoder", "unknown-activation", "heads-do-not-divide-width", "pickled-weights-only"],
 )
 def test_folders_it_does_not_describe_load_through_transformers(tmp_path: Path, change: dict[str, object]) -> None:
     folder = _random_bert(tmp_path / "bert")
@@ -104,6 +105,19 @@ def test_folders_it_does_not_describe_load_through_transformers(tmp_path: Path, 
         config.update(change)
         (folder / "config.json").write_text(json.dumps(config))
     assert bert_config(folder) is None
+
+
+def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path: Path) -> None:
+    folder = _random_bert(tmp_path / "bert", layer_norm_eps=1e-12, hidden_act="gelu")
+    config = json.loads((folder / "config.json").read_text())
+    for name in ("layer_norm_eps", "hidden_act", "type_vocab_size", "pad_token_id"):
+        config.pop(name, None)
+    (folder / "config.json").write_text(json.dumps(config))
+    info = read_model_info(folder)
+    ours, theirs = load_module(info), load_transformers_module(info)
+    assert isinstance(ours, BertModel)
+    ids, mask = _batch(4, 30, 500)
+    assert float((_hidden(ours, ids, mask) - _hidden(theirs, ids, mask))[mask.bool()].abs().max()) <= 1e-6
 
 
 def test_a_checkpoint_missing_a_weight_or_cut_short_is_a_model_load_error(tmp_path: Path) -> None:
