@@ -522,6 +522,13 @@ class OpsSettings(Group):
     )
     gpu_limit: str | None = Field("gpu", description="Global concurrency limit every encode shard holds a slot of; empty = none.")
     gpu_slots: int = Field(1, ge=1, description="Slots of the gpu limit that `nightscore up` creates (one per GPU).")
+    gpu_slot_lease_s: float = Field(
+        60.0,
+        ge=60,
+        le=86400,
+        description="Lease of a held gpu slot, renewed while its shard encodes: a run killed mid-shard frees its slot "
+        "this long after (60, Prefect's minimum; Prefect's own default of 300 kept a killed run's slot for 5 minutes).",
+    )
     hourly_price_usd: float = Field(
         2.0, ge=0, description="Hourly price of the scoring machine, for cost per 1k items in run reports."
     )

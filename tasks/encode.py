@@ -44,7 +44,7 @@ def planned_spec(settings: Settings, engine: EngineMode) -> EncoderSpec:
 @task(name="encode-shard", cache_policy=NO_CACHE, task_run_name="encode-shard-{shard}")
 def encode_shard(run: RunRef, plan: Plan, shard: int) -> ShardResult:
     """Produce shards/shard-NNNNN-<key>.parquet with the shard's embeddings unless its checkpoint is done."""
-    with gpu_slot(run.settings.ops.gpu_limit):
+    with gpu_slot(run.settings.ops.gpu_limit, run.settings.ops.gpu_slot_lease_s):
         result = encode_one(run, plan, shard)
     report_progress(plan, shard)
     return result
@@ -117,8 +117,9 @@ def limit_exists(name: str) -> bool:
 
 
 @contextmanager
-def gpu_slot(limit: str | None) -> Iterator[None]:
-    """Hold one slot of the global concurrency limit while the block runs (nothing when limit is empty).
+def gpu_slot(limit: str | None, lease_s: float = 60.0) -> Iterator[None]:
+    """Hold one slot of the global concurrency limit while the block runs (nothing when limit is empty), on a lease of
+    lease_s seconds that Prefect renews meanwhile: a process killed while it holds the slot frees it lease_s later.
 
     Waiting is logged (visible on the run's page), so a run queued behind another one's shards says why.
     A limit that does not exist on the server is skipped (asked once per process: asking Prefect to
@@ -130,7 +131,7 @@ def gpu_slot(limit: str | None) -> Iterator[None]:
     logger = get_run_logger()
     logger.info("waiting for a slot of global concurrency limit %r", limit)
     asked = time.monotonic()
-    with concurrency(limit, occupy=1, strict=False):
+    with concurrency(limit, occupy=1, strict=False, lease_duration=lease_s):
         logger.info("holding a slot of %r after %.1f s", limit, time.monotonic() - asked)
         yield
 

@@ -31,7 +31,8 @@ from tests.servers import free_port, prefect_server
 from tests.tiny_model import tiny_environment
 
 CLI = str(Path(sys.executable).with_name("nightscore"))
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
 RUN_TIMEOUT_S = 300
 
 
@@ -81,6 +82,41 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prefect_database: str) -> It
     finally:
         stopped = nightscore("down", env=env, timeout=120)
         assert stopped.returncode == 0, stopped.stderr[-2000:]
+
+
+# A run killed while it holds a gpu slot: a flow on the stack's server holds a slot of its own limit through the encode
+# task's gpu_slot with the settings' lease, and is SIGKILLed. The module's last test checks the slot came back.
+SLOT_HOLDER = """
+import time
+from prefect import flow
+from core.settings import load_settings
+from tasks.encode import gpu_slot
+
+@flow(name="gpu-lease-check")
+def hold() -> None:
+    with gpu_slot("gpu-lease-check", load_settings().ops.gpu_slot_lease_s):
+        print("held", flush=True)
+        time.sleep(3600)
+
+hold()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed_slot_holder(stack: dict[str, Any]) -> float:
+    """Return when a process holding a slot of the limit `gpu-lease-check` was SIGKILLed (at the module's start, so
+    its lease runs out while the module's other tests run)."""
+    api = stack["api_url"]
+    made = rest.post(f"{api}/v2/concurrency_limits/", json={"name": "gpu-lease-check", "limit": 1}, timeout=10)
+    assert made.status_code == 201, made.text
+    child = subprocess.Popen([sys.executable, "-c", SLOT_HOLDER], env=stack["env"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    stuck = threading.Timer(180, child.kill)  # a holder that never gets its slot ends, and the fixture fails, not hangs
+    stuck.start()
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
+    stuck.cancel()
+    child.kill()
+    child.wait(timeout=30)
+    return time.monotonic()
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +356,14 @@ def test_basic_auth_server_refuses_anonymous_and_deploys_with_the_auth_string(tm
         assert "nightly:" in deployed.stdout
         refused = nightscore("deploy", "--demo", env={**env, "PREFECT_API_AUTH_STRING": "ops:wrong"})
         assert refused.returncode != 0
+
+
+def test_a_killed_runs_gpu_slot_comes_back_after_its_lease(stack: dict[str, Any], killed_slot_holder: float) -> None:
+    # the lease is 60 s (NIGHTSCORE_GPU_SLOT_LEASE_S) and Prefect's repossessor looks every 15 s; Prefect's default
+    # lease of 300 s held a killed run's slot, and so every later run's shards, for 5 minutes
+    api, deadline = stack["api_url"], killed_slot_holder + 60 + 15 + 20
+    while (held := rest.get(f"{api}/v2/concurrency_limits/gpu-lease-check", timeout=10).json()["active_slots"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    assert held == 0, f"the killed holder's slot is still held {time.monotonic() - killed_slot_holder:.0f} s on"
