@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import zlib
 from datetime import UTC
 from pathlib import Path
@@ -21,6 +23,16 @@ if TYPE_CHECKING:
 # the default gate, which leaves a log with too few held-out users ungated ("not enough data to gate"); the gate
 # has its own tests in tests/flow/test_candidates_flow.py.
 UNGATED = {"NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN": "-1"}
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fresh_interpreter_output(script: str, timeout: float = 120) -> str:
+    """Return what a new Python process at the repository root prints running script (its imports are its own)."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def small_run_environment() -> dict[str, str]:

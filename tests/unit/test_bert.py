@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,7 @@ from core.errors import ModelLoadError
 from models.encoder.bert import BertModel, bert_config
 from models.encoder.files import load_module, load_transformers_module, model_dir
 from models.encoder.st_layout import read_model_info
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import fresh_interpreter_output
 
 
 def _random_bert(folder: Path, head: bool = False, **config: Any) -> Path:
@@ -144,6 +141,4 @@ def test_a_run_process_loads_minilm_and_trains_the_ranker_without_transformers_o
         "fit_net(np.random.default_rng(0).random((50, 3)), np.arange(50) % 2, TrainConfig(epochs=1));"
         "print(sorted(m for m in ('transformers', 'torch._dynamo', 'sympy') if m in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert fresh_interpreter_output(script) == "[]"

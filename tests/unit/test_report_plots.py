@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +13,7 @@ from matplotlib.patches import StepPatch
 from PIL import Image
 
 from tasks import report_plots as draw
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import fresh_interpreter_output
 
 
 def size(png: bytes) -> tuple[int, int]:
@@ -67,9 +63,7 @@ def test_plots_never_import_pyplot() -> None:
         "d.topic_distribution(['a'], [1]); d.token_lengths(np.arange(9), [4]);"
         "print('matplotlib.pyplot' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    assert fresh_interpreter_output(script) == "False"
 
 
 def test_a_histogram_is_one_patch_holding_numpys_counts() -> None:
