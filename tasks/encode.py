@@ -117,7 +117,7 @@ def limit_exists(name: str) -> bool:
 
 
 @contextmanager
-def gpu_slot(limit: str | None, lease_s: float = 60.0) -> Iterator[None]:
+def gpu_slot(limit: str | None, lease_s: float) -> Iterator[None]:
     """Hold one slot of the global concurrency limit while the block runs (nothing when limit is empty), on a lease of
     lease_s seconds that Prefect renews meanwhile: a process killed while it holds the slot frees it lease_s later.
 
