@@ -221,8 +221,8 @@ def load_bert(folder: Path, config: BertConfig) -> BertModel:
 
     state: dict[str, Any] = load_file(str(folder / "model.safetensors"))
     prefix = "bert." if any(name.startswith("bert.") for name in state) else ""
-    state = {name.removeprefix(prefix): t.float() for name, t in state.items() if name.startswith(prefix)}
-    state = {name: t for name, t in state.items() if not name.startswith(DROPPED)}
+    names = {name: name.removeprefix(prefix) for name in state if name.startswith(prefix)}
+    state = {own: state[name].float() for name, own in names.items() if not own.startswith(DROPPED)}
     model = BertModel(config)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
