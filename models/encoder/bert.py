@@ -59,7 +59,7 @@ class BertConfig:
     max_position_embeddings: int
     type_vocab_size: int
     layer_norm_eps: float
-    pad_token_id: int | None = 0
+    pad_token_id: int | None
     model_type: str = "bert"
     position_embedding_type: str = "absolute"
     is_decoder: bool = False
