@@ -146,7 +146,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "item_id": "the item (a valid id: see *Valid ids* below)",
         "model_version": "the encoder's version",
         "topic": "the best-matching topic label",
-        "topic_score": "probability of that topic: softmax over the labels of cosine(item, label) / temperature, in [0, 1]",
+        "topic_score": "probability of that topic: softmax over the labels of cosine(item, label) / temperature, in [0, 1]; "
+        "computed in float64 one item at a time, so one embedding always gets the same score",
         "scored_by": (
             "which model decided topic and topic_score: `small` (the encoder of the embedding) or `large` (routed by "
             "the cascade, docs/cascade.md); null in runs before the cascade"
