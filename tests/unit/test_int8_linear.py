@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from models.encoder.backends.base import BackendRequest, BackendUnavailable
-from models.encoder.backends.int8 import Int8Linear, gemm_kernel
+from models.encoder.backends.int8 import Int8Linear, choose_kernel, gemm_kernel
 from models.encoder.backends.torch_backend import TorchBackend
 from models.encoder.st_layout import ModelInfo
+from tests.helpers import REPO
 
 
 def _layer(inner: int, out: int) -> tuple[torch.nn.Linear, torch.Tensor]:
@@ -22,6 +27,8 @@ def _layer(inner: int, out: int) -> tuple[torch.nn.Linear, torch.Tensor]:
 
 @pytest.mark.parametrize("rows", [3, 40])  # 3: the padded path of _int_mm (it wants more than 16 rows)
 def test_the_fp32_kernel_sums_exactly_the_integer_products_of_int_mm(rows: int) -> None:
+    if not gemm_kernel(1).int_mm_exact:
+        pytest.skip(f"torch._int_mm does not sum exactly on this CPU, so it is never used: {gemm_kernel(1).describe()}")
     linear, maxima = _layer(384, 96)
     x = torch.randn(2, rows, 384) * 3
     on_int8 = Int8Linear(linear, maxima, "int_mm")(x)
@@ -35,9 +42,42 @@ def test_the_fp32_kernel_sums_exactly_the_integer_products_of_int_mm(rows: int) 
 def test_the_kernel_is_the_faster_of_the_two_gemms_measured() -> None:
     choice = gemm_kernel(1)
     assert choice.int_mm_gops > 0 and choice.fp32_gops > 0
-    assert choice.kernel == ("int_mm" if choice.int_mm_gops > choice.fp32_gops else "fp32")
+    assert choice.kernel == ("int_mm" if choice.int_mm_exact and choice.int_mm_gops > choice.fp32_gops else "fp32")
     assert gemm_kernel(1) is choice  # measured once per thread count
     assert choice.kernel in choice.describe() and f"{choice.fp32_gops:.1f}" in choice.describe()
+
+
+def test_a_faster_int_mm_that_sums_wrongly_is_not_chosen() -> None:
+    assert choose_kernel(1.0, 2.0, int_mm_exact=True) == "int_mm"
+    assert choose_kernel(1.0, 2.0, int_mm_exact=False) == "fp32"
+    assert choose_kernel(2.0, 1.0, int_mm_exact=True) == "fp32"
+
+
+# torch's kernels held to AVX2 on this CPU (oneDNN, MKL, ATen): where the CPU has VNNI, oneDNN's AVX2 int8 GEMM adds
+# pairs of products in saturating int16, and _int_mm can be both the faster and wrong.
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+PROBE = """
+import json, torch
+from models.encoder.backends.int8 import PROBE_SHAPE, gemm_kernel
+rows, inner, out = PROBE_SHAPE
+g = torch.Generator().manual_seed(1)
+a = torch.randint(-127, 128, (rows, inner), dtype=torch.int8, generator=g)
+b = torch.randint(-127, 128, (inner, out), dtype=torch.int8, generator=g)
+exact = torch.equal(torch._int_mm(a, b).float(), a.float() @ b.float())
+choice = gemm_kernel(2)
+print(json.dumps({"exact": exact, "kernel": choice.kernel, "seen_exact": choice.int_mm_exact, "note": choice.describe()}))
+"""
+
+
+def test_int_mm_is_not_chosen_where_torchs_int8_gemm_is_inexact() -> None:
+    env = {**os.environ, **AVX2_ONLY}
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["seen_exact"] == seen["exact"], seen
+    if seen["exact"]:
+        pytest.skip(f"torch._int_mm held to AVX2 sums exactly on this CPU: {seen['note']}")
+    assert seen["kernel"] == "fp32" and "inexact" in seen["note"], seen
 
 
 @pytest.mark.parametrize("auto", [False, True])

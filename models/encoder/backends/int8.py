@@ -76,15 +76,31 @@ class KernelChoice:
     kernel: GemmKernel
     int_mm_gops: float
     fp32_gops: float
+    int_mm_exact: bool = True  # whether torch._int_mm gave the probe's exact integer sums
 
     def describe(self) -> str:
         """Return the measured rates and the choice, for logs and refusals."""
-        return f"torch._int_mm {self.int_mm_gops:.1f} GOP/s against {self.fp32_gops:.1f} for an fp32 GEMM: {self.kernel} kernel"
+        inexact = "" if self.int_mm_exact else " (inexact: its int32 sums differ from the exact ones)"
+        return (
+            f"torch._int_mm {self.int_mm_gops:.1f} GOP/s{inexact} against {self.fp32_gops:.1f} for an fp32 GEMM: "
+            f"{self.kernel} kernel"
+        )
+
+
+def choose_kernel(int_mm_seconds: float, fp32_seconds: float, int_mm_exact: bool) -> GemmKernel:
+    """Return "int_mm" where torch._int_mm is exact and faster than the fp32 GEMM, else "fp32"."""
+    return "int_mm" if int_mm_exact and int_mm_seconds < fp32_seconds else "fp32"
 
 
 @functools.cache
 def gemm_kernel(threads: int) -> KernelChoice:
-    """Return "int_mm" where torch._int_mm outruns an fp32 GEMM of the same shape on this CPU, else "fp32"."""
+    """Return "int_mm" where torch._int_mm outruns an fp32 GEMM of the same shape on this CPU and sums exactly, else "fp32".
+
+    Exactly: an int8 GEMM without VNNI may add pairs of products in saturating int16 (x86's vpmaddubsw). With oneDNN
+    held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2) on a VNNI Xeon, 7,674 of the 7,680 sums of a random 80x384 by 384x96 int8
+    product were wrong; with MKL held to AVX2 as well, _int_mm was also the faster, and pinned int8 fell to min cosine
+    0.979 (refused by its floor; on other texts the saturation could have passed it).
+    """
     rows, inner, out = PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (rows, inner), dtype=torch.int8, generator=generator)
@@ -94,10 +110,11 @@ def gemm_kernel(threads: int) -> KernelChoice:
     torch.set_num_threads(threads)
     try:
         int_mm, fp32 = best_seconds([lambda: torch._int_mm(a, b), lambda: torch.mm(a_float, b_float)])
+        exact = torch.equal(torch._int_mm(a, b).float(), torch.mm(a_float, b_float))  # fp32 sums exact under 2**24
     finally:
         torch.set_num_threads(previous)
     operations = 2 * rows * inner * out / 1e9
-    return KernelChoice("int_mm" if int_mm < fp32 else "fp32", operations / int_mm, operations / fp32)
+    return KernelChoice(choose_kernel(int_mm, fp32, exact), operations / int_mm, operations / fp32, exact)
 
 
 class Int8Linear(torch.nn.Module):
