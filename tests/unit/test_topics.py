@@ -87,9 +87,10 @@ def test_a_rows_topic_is_the_same_bits_whatever_rows_are_scored_with_it() -> Non
         "reversed": [np.arange(len(items))[::-1]],
     }
     for name, parts in groups.items():
-        for field, full in zip(("topic", "score", "margin"), whole, strict=True):
-            alone = np.empty_like(full)
-            for rows in parts:
-                alone[rows] = topic_decisions(items[rows], labels, 0.05)[("topic", "score", "margin").index(field)]
-            assert np.array_equal(alone, full), f"{field} differs when scored {name}"
+        apart = [np.empty_like(values) for values in whole]
+        for rows in parts:
+            for column, values in zip(apart, topic_decisions(items[rows], labels, 0.05), strict=True):
+                column[rows] = values
+        for field, alone, together in zip(("topic", "score", "margin"), apart, whole, strict=True):
+            assert np.array_equal(alone, together), f"{field} differs when scored {name}"
     assert all(np.array_equal(a, b) for a, b in zip(topic_scores(items, labels, 0.05), whole[:2], strict=True))
