@@ -17,7 +17,6 @@ from models.encoder.engine import encode_texts
 from models.encoder.loader import load_encoder
 from models.encoder.precision import PROBE_TEXTS
 from models.encoder.spec import EncoderSpec
-from models.encoder.text_encoder import TextEncoder
 from tests.cosine import cos_rows  # polars-free: this file runs on the GPU host
 
 TEXTS = [
@@ -46,19 +45,19 @@ def cpu_fp32() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def device_fp32() -> TextEncoder:
-    return load_encoder(_spec(_device(), "torch", "fp32"))
+def device_fp32() -> np.ndarray:
+    """Return TEXTS' torch fp32 vectors on the device, encoded once for the module's tests."""
+    return encode_texts(load_encoder(_spec(_device(), "torch", "fp32")), TEXTS)[0]
 
 
-def test_fp32_on_the_device_matches_cpu_fp32(device_fp32: TextEncoder, cpu_fp32: np.ndarray) -> None:
-    out, _ = encode_texts(device_fp32, TEXTS)
-    assert cos_rows(out, cpu_fp32).min() >= 0.9999  # TF32 is off by default in torch: fp32 stays fp32
+def test_fp32_on_the_device_matches_cpu_fp32(device_fp32: np.ndarray, cpu_fp32: np.ndarray) -> None:
+    assert cos_rows(device_fp32, cpu_fp32).min() >= 0.9999  # TF32 is off by default in torch: fp32 stays fp32
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "int8"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_precision_against_fp32_on_the_device_and_on_cpu(
-    device_fp32: TextEncoder, cpu_fp32: np.ndarray, backend: str, precision: str
+    device_fp32: np.ndarray, cpu_fp32: np.ndarray, backend: str, precision: str
 ) -> None:
     device = _device()
     reason = unavailable_reason(backend, precision, device)
@@ -72,7 +71,7 @@ def test_precision_against_fp32_on_the_device_and_on_cpu(
     out, stats = encode_texts(encoder, TEXTS)
     defaults = EncoderSettings()
     floor = defaults.fidelity_floor_int8 if precision == "int8" else defaults.fidelity_floor_float
-    same_device = cos_rows(out, encode_texts(device_fp32, TEXTS)[0])
+    same_device = cos_rows(out, device_fp32)
     against_cpu = cos_rows(out, cpu_fp32)
     print(f"{backend}/{precision} on {device}: min cos {same_device.min():.5f} (same device), {against_cpu.min():.5f} (CPU fp32)")
     assert same_device.min() >= floor and against_cpu.min() >= floor
