@@ -22,8 +22,13 @@ def probabilities(item_vectors: np.ndarray, label_vectors: np.ndarray, temperatu
 
 def topic_scores(item_vectors: np.ndarray, label_vectors: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """Return (index of the best label, its softmax probability in [0, 1]) for each item."""
-    index, best, _ = topic_decisions(item_vectors, label_vectors, temperature)
-    return index, best
+    return best_labels(probabilities(item_vectors, label_vectors, temperature))
+
+
+def best_labels(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (index of each row's most probable label, its probability)."""
+    index = probs.argmax(axis=1).astype(np.int32)
+    return index, probs[np.arange(len(probs)), index]
 
 
 def topic_decisions(
@@ -34,8 +39,7 @@ def topic_decisions(
     The same probabilities as `topic_scores`; the margin (top-1 minus top-2, in [0, 1]) is how sure the decision is.
     """
     probs = probabilities(item_vectors, label_vectors, temperature)
-    index = probs.argmax(axis=1).astype(np.int32)
-    best = probs[np.arange(len(probs)), index]
+    index, best = best_labels(probs)
     if probs.shape[1] < 2:
         return index, best, np.ones(len(probs))
     return index, best, best - np.partition(probs, -2, axis=1)[:, -2]
