@@ -28,9 +28,10 @@ UNGATED = {"NIGHTSCORE_CANDIDATE_GATE_RECALL_MARGIN": "-1"}
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fresh_interpreter_output(script: str, timeout: float = 120) -> str:
-    """Return what a new Python process at the repository root prints running script (its imports are its own)."""
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def fresh_interpreter_output(script: str, timeout: float = 120, env: dict[str, str] | None = None) -> str:
+    """Return what a new Python process at the repository root prints running script (its imports are its own;
+    env: its whole environment, else this process's)."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

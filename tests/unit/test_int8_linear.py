@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from models.encoder.backends.base import BackendRequest, BackendUnavailable
 from models.encoder.backends.int8 import Int8Linear, choose_kernel, gemm_kernel
 from models.encoder.backends.torch_backend import TorchBackend
 from models.encoder.st_layout import ModelInfo
-from tests.helpers import REPO
+from tests.helpers import fresh_interpreter_output
 
 
 def _layer(inner: int, out: int) -> tuple[torch.nn.Linear, torch.Tensor]:
@@ -70,10 +68,7 @@ print(json.dumps({"exact": exact, "kernel": choice.kernel, "seen_exact": choice.
 
 
 def test_int_mm_is_not_chosen_where_torchs_int8_gemm_is_inexact() -> None:
-    env = {**os.environ, **AVX2_ONLY}
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = json.loads(fresh_interpreter_output(PROBE, env={**os.environ, **AVX2_ONLY}).splitlines()[-1])
     assert seen["seen_exact"] == seen["exact"], seen
     if seen["exact"]:
         pytest.skip(f"torch._int_mm held to AVX2 sums exactly on this CPU: {seen['note']}")
