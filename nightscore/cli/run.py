@@ -22,6 +22,7 @@ from nightscore.cli.app import INVOCATION, HomeOption, command_settings
 from nightscore.demo import ensure_demo_inputs
 from nightscore.output import next_steps, progress_bar, summary_text, trained_summary
 from storage.resources import lake_for, warehouse_for
+from tasks.local_server import start_local_server
 
 log = logging.getLogger("nightscore")
 
@@ -47,8 +48,10 @@ def run_nightly(
         params = params.model_copy(update={"items_uri": items_uri, "interactions_uri": interactions_uri})
     elif not resume:
         run_inputs(cfg, items, interactions)  # no inputs anywhere: refused before Prefect starts
+    server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
     from flows.nightly import nightly  # imported here for start-up speed: Prefect loads in seconds
 
+    server.result()
     install_signal_handlers()
     with interruptible(), settings_scope(cfg), progress_bar():
         published = nightly(params)
@@ -91,8 +94,10 @@ def run_train_ranker(
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
     cfg = command_settings(home, "run-train-ranker")
+    server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
     from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
 
+    server.result()
     with settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
     typer.echo(trained_summary(trained))
