@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tests.helpers import fresh_interpreter_output
 
-# A command's order: the server first, then the flow's imports, then the wait; the run must use that same server.
+# A command's order: the server first, then the flow's imports (left out here), then the wait; the run must use that
+# same server.
 EPHEMERAL_RUN = """
 import sys
 from tasks.local_server import start_local_server
@@ -15,7 +16,6 @@ started = start_local_server()
 from prefect.server.api.server import SubprocessASGIServer
 server = SubprocessASGIServer()
 spawned = server.server_process is not None and "flows.nightly" not in sys.modules
-import flows.nightly
 url = started.result()
 from prefect.client.orchestration import get_client
 with get_client(sync_client=True) as client:
