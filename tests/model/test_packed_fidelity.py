@@ -23,8 +23,9 @@ from models.encoder.spec import EncoderSpec
 from models.encoder.text_encoder import TextEncoder
 from models.encoder.tokens import TokenizedTexts
 from tests.cosine import cos_rows
+from tests.emulated import emulated
 
-TEXTS = [
+ONCE = [
     *PROBE_TEXTS,
     "a",
     "",
@@ -34,7 +35,8 @@ TEXTS = [
     "very " * 300 + "long",
     "word " * 600,
     " ".join(f"item{i} costs {i * 3.5:.2f} euros;" for i in range(150)),
-] * 2
+]
+TEXTS = ONCE * 2  # where bf16 is only emulated, its check encodes ONCE (tests/emulated.py)
 
 
 def _device() -> torch.device:
@@ -72,9 +74,10 @@ def test_packed_equals_padded_on_the_device_and_cpu_fp32(texts_on_cpu_fp32: np.n
     if reason:
         pytest.skip(f"torch-packed/{precision} on {device.type}: {reason}")
     padded, packed = _encoder(device, "torch", precision), _encoder(device, "torch-packed", precision)
-    expected, _ = encode_texts(padded, TEXTS)
-    out, stats = encode_texts(packed, TEXTS)
-    same, against_cpu = cos_rows(out, expected), cos_rows(out, texts_on_cpu_fp32)
+    texts = ONCE if emulated(precision, device) else TEXTS
+    expected, _ = encode_texts(padded, texts)
+    out, stats = encode_texts(packed, texts)
+    same, against_cpu = cos_rows(out, expected), cos_rows(out, texts_on_cpu_fp32[: len(texts)])
     print(
         f"torch-packed/{precision} on {device} ({packed.backend.version}): min cos {same.min():.6f} to padded, "
         f"{against_cpu.min():.6f} to CPU fp32"
@@ -102,10 +105,12 @@ def test_every_length_and_a_batch_of_one(every_length: tuple[TokenizedTexts, np.
     packed = _encoder(device, "torch-packed", precision)
     tokens, rows, reference = every_length
     together, _ = run_batches(packed, tokens, [rows[b] for b in plan_packed(tokens.lengths[rows], 4096)])
-    singles, _ = run_batches(packed, tokens, [np.array([i]) for i in rows])
+    lengths = tokens.lengths[rows]
+    alone = (lengths <= 33) | (lengths == lengths.max()) if emulated(precision, device) else np.ones(len(rows), bool)
+    singles, _ = run_batches(packed, tokens, [np.array([i]) for i in rows[alone]])
     floor = 0.9999 if precision == "fp32" else 0.999
     assert cos_rows(together[rows], reference).min() >= floor
-    assert cos_rows(singles[rows], reference).min() >= floor
+    assert cos_rows(singles[rows[alone]], reference[alone]).min() >= floor
 
 
 def length_rows(lengths: np.ndarray, device: torch.device) -> np.ndarray:
