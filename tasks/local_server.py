@@ -26,10 +26,8 @@ def start_local_server() -> Future[str]:
     Prefect keeps one temporary server per process (SubprocessASGIServer is a singleton), so the flow run finds this
     one and starts no other; wait for the future before the run, which would otherwise use a server still starting.
     """
-    from prefect.settings import get_current_settings
-
     started: Future[str] = Future()
-    configured = get_current_settings().api.url
+    configured = prefect_api_url()
     if configured:
         started.set_result(configured)
         return started
@@ -40,6 +38,13 @@ def start_local_server() -> Future[str]:
     while server.server_process is None and not started.done():  # the thread's Popen: milliseconds
         time.sleep(0.002)
     return started
+
+
+def prefect_api_url() -> str | None:
+    """Return the Prefect API URL of this process (environment or profile), or None in ephemeral mode."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
 
 
 def _start(server: SubprocessASGIServer, started: Future[str]) -> None:

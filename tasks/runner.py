@@ -22,6 +22,7 @@ from core.errors import UsageError
 from core.logs import configure_logging
 from core.settings import Settings, current_settings, load_settings
 from models.encoder.device import configure_threads
+from tasks.local_server import prefect_api_url
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,6 @@ def in_ray_worker() -> bool:
     import ray
 
     return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-
-
-def prefect_api_url() -> str | None:
-    """Return the Prefect API URL of this process (environment or profile), or None in ephemeral mode."""
-    from prefect.settings import get_current_settings
-
-    return get_current_settings().api.url
 
 
 def ray_init_kwargs(cfg: Settings, api_url: str) -> dict[str, Any]:
