@@ -8,12 +8,15 @@ NIGHTSCORE_ variables, the signal handlers and stop flag, and the root logger's 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import TextIO
 
 from core import stop
 from core.logs import RUN_LOGGERS
@@ -24,9 +27,26 @@ def cli_in_process(argv: list[str], env: dict[str, str], log: Path) -> int:
 
     PREFECT_API_URL is this process's own (the worker's Prefect server): Prefect read its settings at import.
     """
+    with open(log, "a") as out:
+        return _main(argv, env, out, out)
+
+
+def cli_captured(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Return `nightscore ARGV` run in this process as subprocess.run would: the exit code, stdout and stderr apart.
+
+    PREFECT_API_URL is this process's own, as for cli_in_process.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    code = _main(argv, env, out, err)
+    return subprocess.CompletedProcess(["nightscore", *argv], code, out.getvalue(), err.getvalue())
+
+
+def _main(argv: list[str], env: dict[str, str], out: TextIO, err: TextIO) -> int:
+    """Return the exit code of the CLI's main(argv) run with a child's environment, signals and logging, out and err
+    in place of stdout and stderr."""
     from nightscore.cli.entry import main
 
-    with _child_environment(env), _signals(), _logging(), open(log, "a") as out, redirect_stdout(out), redirect_stderr(out):
+    with _child_environment(env), _signals(), _logging(), redirect_stdout(out), redirect_stderr(err):
         return main(argv)
 
 
