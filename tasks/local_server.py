@@ -3,55 +3,152 @@
 Without PREFECT_API_URL, a flow run starts a server process of its own the first time it needs the API and waits for
 it to answer: 5.1 s on a 2-core AVX2 EPYC, after the 3 s the nightly flow's modules take to import. Started here
 first, the server's process comes up on the second core while this one imports.
+
+The process is spawned here with the command Prefect's SubprocessASGIServer uses, not through that class: its module
+(prefect.server.api.server) costs this process 2.3 s of imports (FastAPI, SQLAlchemy, the server's models) before the
+spawn, and a run that is only a client of the server never needs it. The run then uses the server by its URL
+(api_scope), as a run given PREFECT_API_URL does, and the server stops when this process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import random
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from prefect.server.api.server import SubprocessASGIServer
+from contextlib import closing, contextmanager
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+PORTS = range(8000, 9000)  # Prefect's own range for temporary servers
+PORT_TAKEN = 3  # uvicorn's exit status when it cannot bind
+_STARTED: list[str] = []  # the API URL of the temporary server this process started, once it answers
+
 
 def start_local_server() -> Future[str]:
-    """Return the future API URL of this process's flow runs: the configured one, done at once; else Prefect's temporary
+    """Return the future API URL of this process's flow runs: the configured one, done at once; else a temporary
     server's, returned once its process exists, with a thread waiting for it to answer (a failure is the future's).
 
-    Prefect keeps one temporary server per process (SubprocessASGIServer is a singleton), so the flow run finds this
-    one and starts no other; wait for the future before the run, which would otherwise use a server still starting.
+    Run the flow inside api_scope(url): a flow run outside it would start a second temporary server of its own.
     """
     started: Future[str] = Future()
     configured = prefect_api_url()
     if configured:
         started.set_result(configured)
         return started
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
-    threading.Thread(target=_start, args=(server, started), name="prefect-server-start", daemon=True).start()
-    while server.server_process is None and not started.done():  # the thread's Popen: milliseconds
-        time.sleep(0.002)
+    port = _free_port()
+    process = _spawn(port)
+    threading.Thread(target=_wait, args=(process, port, started), name="prefect-server-start", daemon=True).start()
     return started
 
 
 def prefect_api_url() -> str | None:
-    """Return the Prefect API URL of this process (environment or profile), or None in ephemeral mode."""
+    """Return the Prefect API URL configured for this process (environment or profile), or None in ephemeral mode
+    (a temporary server this module started is not a configured one)."""
     from prefect.settings import get_current_settings
 
-    return get_current_settings().api.url
+    url = get_current_settings().api.url
+    return None if url is None or url in _STARTED else url
 
 
-def _start(server: SubprocessASGIServer, started: Future[str]) -> None:
-    """Start Prefect's temporary server and resolve started with its API URL, or with its failure."""
+@contextmanager
+def api_scope(url: str) -> Iterator[None]:
+    """Point this process's Prefect client at url for the block (a no-op where url is already the configured one)."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if get_current_settings().api.url == url:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
+
+
+def _spawn(port: int) -> subprocess.Popen[bytes]:
+    """Return the started server process on port (Prefect's temporary server: no UI, no scheduler services)."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    log.info("Starting temporary Prefect server on http://127.0.0.1:%d", port)
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent)]
+    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--log-level", "error", "--lifespan", "on"]
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+    process = subprocess.Popen(command, env=env)  # its output is this process's, as Prefect's own spawn has it
+    atexit.register(_stop, process)
+    return process
+
+
+def _wait(process: subprocess.Popen[bytes], port: int, started: Future[str]) -> None:
+    """Resolve started with the server's API URL once it answers (respawned on another port if its was taken), or
+    with why it never did."""
     try:
-        server.start()
-        started.set_result(server.api_url)
+        while True:
+            url = _healthy(process, port)
+            if url:
+                _STARTED.append(url)
+                started.set_result(url)
+                return
+            port = _free_port()
+            process = _spawn(port)
     except BaseException as exc:  # handed to whoever waits for the server
         log.debug("Prefect's temporary server did not start", exc_info=exc)
         started.set_exception(exc)
+
+
+def _healthy(process: subprocess.Popen[bytes], port: int) -> str | None:
+    """Return the API URL once the server on port answers its health check; None if its port was taken."""
+    import httpx
+    from prefect.settings import get_current_settings
+
+    url, deadline = (
+        f"http://127.0.0.1:{port}/api",
+        time.monotonic() + get_current_settings().server.ephemeral.startup_timeout_seconds,
+    )
+    with httpx.Client() as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                if process.returncode == PORT_TAKEN:
+                    return None
+                raise RuntimeError(f"Prefect's temporary server exited with status {process.returncode}")
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+    _stop(process)
+    raise RuntimeError(f"Prefect's temporary server did not answer on {url} within its start-up timeout")
+
+
+def _free_port() -> int:
+    """Return a port of PORTS that nothing listens on now (the server may still lose it to a race: _wait respawns)."""
+    for _ in range(20):
+        port = random.choice(PORTS)
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                time.sleep(random.uniform(0.05, 0.2))
+    raise RuntimeError(f"no free port for Prefect's temporary server in {PORTS.start}-{PORTS.stop - 1}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server process (terminate, then kill after 5 s) and reap it."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

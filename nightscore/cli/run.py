@@ -22,7 +22,7 @@ from nightscore.cli.app import INVOCATION, HomeOption, command_settings
 from nightscore.demo import ensure_demo_inputs
 from nightscore.output import next_steps, progress_bar, summary_text, trained_summary
 from storage.resources import lake_for, warehouse_for
-from tasks.local_server import start_local_server
+from tasks.local_server import api_scope, start_local_server
 
 log = logging.getLogger("nightscore")
 
@@ -51,9 +51,9 @@ def run_nightly(
     server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
     from flows.nightly import nightly  # imported here for start-up speed: Prefect loads in seconds
 
-    server.result()
+    api = server.result()
     install_signal_handlers()
-    with interruptible(), settings_scope(cfg), progress_bar():
+    with api_scope(api), interruptible(), settings_scope(cfg), progress_bar():
         published = nightly(params)
     typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **run_notes(cfg, published)))
     typer.echo(next_steps(home))
@@ -97,7 +97,6 @@ def run_train_ranker(
     server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
     from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
 
-    server.result()
-    with settings_scope(cfg):
+    with api_scope(server.result()), settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
     typer.echo(trained_summary(trained))
