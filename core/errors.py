@@ -66,7 +66,8 @@ class CacheUnavailable(NightscoreError):
 
 
 class StackError(NightscoreError):
-    """`nightscore up`/`down` could not start or reach the Prefect server or worker (exit 1)."""
+    """`nightscore up`/`down` could not start or reach the Prefect server or worker, or a run its temporary server
+    (exit 1)."""
 
 
 class RunFailed(NightscoreError):

@@ -26,10 +26,13 @@ from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from core.errors import StackError
+
 log = logging.getLogger(__name__)
 
 PORTS = range(8000, 9000)  # Prefect's own range for temporary servers
 PORT_TAKEN = 3  # uvicorn's exit status when it cannot bind
+SPAWNS = 5  # server processes tried, each on a new port, before giving up
 _STARTED: list[str] = []  # the API URL of the temporary server this process started, once it answers
 
 
@@ -72,7 +75,7 @@ def api_scope(url: str) -> Iterator[None]:
 
 
 def _spawn(port: int) -> subprocess.Popen[bytes]:
-    """Return the started server process on port (Prefect's temporary server: no UI, no scheduler services)."""
+    """Return the started server process on port (Prefect's temporary server: no UI, the services of an ephemeral one)."""
     import prefect
     from prefect.settings import get_current_settings
 
@@ -88,17 +91,19 @@ def _spawn(port: int) -> subprocess.Popen[bytes]:
 
 
 def _wait(process: subprocess.Popen[bytes], port: int, started: Future[str]) -> None:
-    """Resolve started with the server's API URL once it answers (respawned on another port if its was taken), or
-    with why it never did."""
+    """Resolve started with the server's API URL once it answers (spawned again on another port, SPAWNS times in all,
+    while its port was taken), or with why it never did (StackError)."""
     try:
-        while True:
+        for spawned in range(1, SPAWNS + 1):
             url = _healthy(process, port)
             if url:
                 _STARTED.append(url)
                 started.set_result(url)
                 return
-            port = _free_port()
-            process = _spawn(port)
+            if spawned < SPAWNS:
+                port = _free_port()
+                process = _spawn(port)
+        raise StackError(f"Prefect's temporary server lost its port {SPAWNS} times: set PREFECT_API_URL to a server")
     except BaseException as exc:  # handed to whoever waits for the server
         log.debug("Prefect's temporary server did not start", exc_info=exc)
         started.set_exception(exc)
@@ -109,16 +114,14 @@ def _healthy(process: subprocess.Popen[bytes], port: int) -> str | None:
     import httpx
     from prefect.settings import get_current_settings
 
-    url, deadline = (
-        f"http://127.0.0.1:{port}/api",
-        time.monotonic() + get_current_settings().server.ephemeral.startup_timeout_seconds,
-    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + get_current_settings().server.ephemeral.startup_timeout_seconds
     with httpx.Client() as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 if process.returncode == PORT_TAKEN:
                     return None
-                raise RuntimeError(f"Prefect's temporary server exited with status {process.returncode}")
+                raise StackError(f"Prefect's temporary server exited with status {process.returncode} (its output is above)")
             try:
                 if client.get(f"{url}/health").status_code == 200:
                     return url
@@ -126,7 +129,8 @@ def _healthy(process: subprocess.Popen[bytes], port: int) -> str | None:
                 pass
             time.sleep(0.1)
     _stop(process)
-    raise RuntimeError(f"Prefect's temporary server did not answer on {url} within its start-up timeout")
+    timeout = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+    raise StackError(f"Prefect's temporary server did not answer on {url} within {timeout}: set PREFECT_API_URL to a server")
 
 
 def _free_port() -> int:
@@ -139,7 +143,7 @@ def _free_port() -> int:
                 return port
             except OSError:
                 time.sleep(random.uniform(0.05, 0.2))
-    raise RuntimeError(f"no free port for Prefect's temporary server in {PORTS.start}-{PORTS.stop - 1}")
+    raise StackError(f"no free port for Prefect's temporary server in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -67,9 +67,30 @@ def test_a_server_that_exits_fails_the_future_with_its_status(monkeypatch: pytes
     import subprocess
     import sys
 
+    from core.errors import StackError
     from tasks import local_server
 
     monkeypatch.setattr(local_server, "prefect_api_url", lambda: None)
     monkeypatch.setattr(local_server, "_spawn", lambda port: subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"]))
-    with pytest.raises(RuntimeError, match="exited with status 7"):
+    with pytest.raises(StackError, match="exited with status 7"):
         local_server.start_local_server().result(timeout=30)
+
+
+def test_a_server_that_keeps_losing_its_port_is_tried_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from core.errors import StackError
+    from tasks import local_server
+
+    ports: list[int] = []
+
+    def lost(port: int) -> subprocess.Popen[bytes]:
+        ports.append(port)
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+    monkeypatch.setattr(local_server, "prefect_api_url", lambda: None)
+    monkeypatch.setattr(local_server, "_spawn", lost)
+    with pytest.raises(StackError, match=f"lost its port {local_server.SPAWNS} times"):
+        local_server.start_local_server().result(timeout=60)
+    assert len(ports) == local_server.SPAWNS
