@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -10,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 from core.environment import child_environment
 from core.errors import StackError, UsageError
 from core.settings import Settings
+from tasks.local_server import healthy
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +26,6 @@ STATE_FILE = "up.json"
 
 def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
-
-
-def healthy(api_url: str, auth: str | None = None) -> bool:
-    """Return whether the Prefect API answers /health (basic auth "user:password" when given)."""
-    request = urllib.request.Request(f"{api_url}/health")
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _auth() -> str | None:

@@ -13,6 +13,7 @@ spawn, and a run that is only a client of the server never needs it. The run the
 from __future__ import annotations
 
 import atexit
+import base64
 import logging
 import os
 import random
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
@@ -64,12 +66,9 @@ def prefect_api_url() -> str | None:
 
 @contextmanager
 def api_scope(url: str) -> Iterator[None]:
-    """Point this process's Prefect client at url for the block (a no-op where url is already the configured one)."""
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    """Point this process's Prefect client at url for the block."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    if get_current_settings().api.url == url:
-        yield
-        return
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield
 
@@ -109,25 +108,32 @@ def _wait(process: subprocess.Popen[bytes], port: int, started: Future[str]) -> 
         started.set_exception(exc)
 
 
+def healthy(api_url: str, auth: str | None = None) -> bool:
+    """Return whether the Prefect API answers /health (basic auth "user:password" when given)."""
+    request = urllib.request.Request(f"{api_url}/health")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def _healthy(process: subprocess.Popen[bytes], port: int) -> str | None:
     """Return the API URL once the server on port answers its health check; None if its port was taken."""
-    import httpx
     from prefect.settings import get_current_settings
 
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + get_current_settings().server.ephemeral.startup_timeout_seconds
-    with httpx.Client() as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                if process.returncode == PORT_TAKEN:
-                    return None
-                raise StackError(f"Prefect's temporary server exited with status {process.returncode} (its output is above)")
-            try:
-                if client.get(f"{url}/health").status_code == 200:
-                    return url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            if process.returncode == PORT_TAKEN:
+                return None
+            raise StackError(f"Prefect's temporary server exited with status {process.returncode} (its output is above)")
+        if healthy(url):
+            return url
+        time.sleep(0.1)
     _stop(process)
     timeout = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
     raise StackError(f"Prefect's temporary server did not answer on {url} within {timeout}: set PREFECT_API_URL to a server")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.stack import healthy
+from tasks.local_server import healthy
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
