@@ -1,18 +1,23 @@
-"""The one place that builds the adapters in use (lake, warehouse, cache) from settings."""
+"""The one place that builds the adapters in use (lake, warehouse, cache) from settings.
+
+Each builder imports its adapter when called: a command line that reads the warehouse (`nightscore query`) then
+never loads the lake's polars and fsspec or the cache's redis client (most of a second of its start).
+"""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.settings import Settings
-from storage.cache import CandidateCache, open_cache
-from storage.cache_async import CacheReader, open_stores
-from storage.events import EventStore, export_day
-from storage.lake import Lake
-from storage.warehouse.base import Warehouse
-from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
+
+if TYPE_CHECKING:
+    from storage.cache import CandidateCache
+    from storage.cache_async import CacheReader
+    from storage.events import EventStore
+    from storage.lake import Lake
+    from storage.warehouse.base import Warehouse
 
 S3_SCHEMES = ("s3://", "s3a://")
 
@@ -36,6 +41,8 @@ def lake_storage_options(settings: Settings) -> dict[str, Any]:
 
 def lake_for(settings: Settings) -> Lake:
     """Return the lake adapter for settings.lake_root (s3:// through s3fs with lake_storage_options)."""
+    from storage.lake import Lake
+
     return Lake(settings.lake_root, lake_storage_options(settings), settings.lake.retries, settings.lake.retry_backoff_s)
 
 
@@ -53,6 +60,8 @@ def query_warehouse_for(settings: Settings) -> Warehouse:
 
 def cache_for(settings: Settings, retries: int | None = None) -> CandidateCache:
     """Return the candidate cache adapter for settings.cache_location (retries: its transport retries, else the setting)."""
+    from storage.cache import open_cache
+
     retry = settings.cache.retries if retries is None else retries
     return open_cache(settings.cache_location, settings.cache.prefix, settings.cache.version_grace_s, retry)
 
@@ -71,11 +80,15 @@ def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout
         if lock_timeout_s is None:
             return PostgresWarehouse(location, embedding_dim=embedding_dim)
         return PostgresWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
+    from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
+
     return DuckDBWarehouse(location, embedding_dim=embedding_dim, lock_timeout_s=lock_timeout_s)
 
 
 def stores_for(settings: Settings, pool_size: int | None = None) -> tuple[CacheReader, EventStore]:
     """Return the online ranker's cache read path and event store (one shared Redis pool, or the SQLite file)."""
+    from storage.cache_async import open_stores
+
     options = settings.serving
     return open_stores(
         settings.cache_location,
@@ -89,6 +102,8 @@ def stores_for(settings: Settings, pool_size: int | None = None) -> tuple[CacheR
 
 def export_events(settings: Settings, day: date) -> tuple[str | None, int]:
     """Write a UTC day's events from the service's event store to the lake; return (partition URI or None, rows)."""
+
+    from storage.events import export_day
 
     async def export() -> tuple[str | None, int]:
         reader, store = stores_for(settings, pool_size=1)

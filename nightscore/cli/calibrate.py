@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from nightscore.cli.app import HomeOption, command_settings
-from nightscore.output import calibration_table, progress_bar
 
 
 def calibrate(
@@ -18,6 +17,7 @@ def calibrate(
     cfg = command_settings(home, "calibrate")
     from models.encoder.loader import calibrate_machine  # imported here for start-up speed: torch loads in seconds
     from models.encoder.spec import EncoderSpec
+    from nightscore.output import calibration_table, progress_bar
 
     with progress_bar():
         calibration, file = calibrate_machine(EncoderSpec.from_settings(cfg), again)

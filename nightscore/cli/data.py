@@ -10,11 +10,10 @@ import typer
 from core.errors import ContractViolation
 from core.run_context import parse_run_date
 from nightscore.cli.app import HomeOption, command_settings
-from nightscore.demo import generate_demo_data
-from storage.lake import Lake
-from storage.pruning import prune as prune_all
-from storage.publication import rollback
-from storage.resources import cache_for, export_events, lake_for, warehouse_for
+
+# Each command imports what it uses in its body: every command line imports this module to build the parser, and
+# polars, pyarrow, redis and the storage adapters cost most of a second there (tests/cli/test_query_cli.py checks
+# what a read loads).
 
 
 def demo_data(
@@ -26,6 +25,9 @@ def demo_data(
 ) -> None:
     """Write the deterministic demo inputs (items with text, user interactions) to a folder."""
     command_settings(home, "demo-data")
+    from nightscore.demo import generate_demo_data
+    from storage.lake import Lake
+
     lake = Lake(str(out))
     item_frame, interactions = generate_demo_data(items, users, seed)
     lake.write_parquet(item_frame, lake.uri("items.parquet"))
@@ -41,6 +43,7 @@ def contracts_check(
     """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
     cfg = command_settings(home, "contracts-check")
     from nightscore.check import check_inputs, check_report  # imported here for start-up speed: pandera and GX load slowly
+    from storage.resources import lake_for
 
     check = check_inputs(lake_for(cfg), cfg, items, interactions)
     typer.echo(check_report(check, cfg.contracts.quarantine_max_share))
@@ -51,6 +54,9 @@ def contracts_check(
 def cache_rollback(home: Path | None = HomeOption) -> None:
     """Point the cache and the warehouse's latest_* views back to the previous published run, together."""
     cfg = command_settings(home, "cache-rollback")
+    from storage.publication import rollback
+    from storage.resources import cache_for, warehouse_for
+
     with cache_for(cfg) as cache:
         rolled_back, latest = rollback(warehouse_for(cfg), cache)
     typer.echo(f"rolled back {rolled_back}; latest is now {latest} (warehouse views and cache pointer)")
@@ -63,6 +69,8 @@ def events_export(
     """Write a day's events to the lake (events/date=D/interactions.parquet): the nightly runs of D and D+1 read them."""
     day = date.fromisoformat(parse_run_date(run_date, date.today()))  # a bad date is a usage error (exit 2)
     cfg = command_settings(home, "events-export")
+    from storage.resources import export_events
+
     uri, rows = export_events(cfg, day)
     typer.echo(f"exported {rows} events of {day} to {uri}" if uri else f"no events on {day}: nothing written")
 
@@ -74,5 +82,8 @@ def prune(
 ) -> None:
     """Delete old runs' rows from the warehouse and their folders from the lake (never the latest published run)."""
     cfg = command_settings(home, "prune")
+    from storage.pruning import prune as prune_all
+    from storage.resources import lake_for, warehouse_for
+
     report = prune_all(warehouse_for(cfg), lake_for(cfg), keep_runs, keep_days)
     typer.echo(f"pruned {report.runs} run(s); removed {report.folders} lake folder(s), {report.bytes_freed / 1e6:.1f} MB")

@@ -8,21 +8,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from core.errors import NightscoreError, RunInterrupted, UsageError
-from core.records import Published
 from core.run_context import parse_run_date, run_inputs
 from core.settings import Settings, settings_scope
 from core.stop import install_signal_handlers
-from flows.params import NightlyParams, TrainRankerParams
 from nightscore.cli.app import INVOCATION, HomeOption, command_settings
-from nightscore.demo import ensure_demo_inputs
-from nightscore.output import next_steps, progress_bar, summary_text, trained_summary
-from storage.resources import lake_for, warehouse_for
-from tasks.local_server import api_scope, start_local_server
+
+if TYPE_CHECKING:
+    from core.records import Published
+
+# The commands import the rest in their bodies: every command line imports this module to build the parser.
 
 log = logging.getLogger("nightscore")
 
@@ -38,6 +37,12 @@ def run_nightly(
     home: Path | None = HomeOption,
 ) -> None:
     """Run the nightly scoring flow once, now, and print its summary (SIGTERM stops it gracefully)."""
+    from flows.params import NightlyParams
+    from nightscore.demo import ensure_demo_inputs
+    from nightscore.output import next_steps, progress_bar, summary_text
+    from storage.resources import lake_for
+    from tasks.local_server import api_scope, start_local_server
+
     parse_run_date(run_date, date.today())  # bad dates are usage errors before anything starts
     if demo and (items or interactions):
         raise UsageError("--demo scores the demo data: give it without --items/--interactions")
@@ -61,6 +66,8 @@ def run_nightly(
 
 def run_notes(cfg: Settings, published: Published) -> dict[str, Any]:
     """Return what the summary adds from the warehouse: quarantine per rule, and the latest run when this one is not it."""
+    from storage.resources import warehouse_for
+
     warehouse = warehouse_for(cfg)
     try:
         rules = warehouse.quarantine_by_rule(published.run_id)
@@ -93,6 +100,10 @@ def run_train_ranker(
     home: Path | None = HomeOption,
 ) -> None:
     """Train the online ranker on a published run and print its offline metrics."""
+    from flows.params import TrainRankerParams
+    from nightscore.output import trained_summary
+    from tasks.local_server import api_scope, start_local_server
+
     cfg = command_settings(home, "run-train-ranker")
     server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
     from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds

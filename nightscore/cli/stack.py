@@ -10,8 +10,6 @@ import typer
 from core.errors import WarehouseMissing
 from core.settings import Settings, settings_scope
 from nightscore.cli.app import HomeOption, command_settings
-from nightscore.demo import ensure_demo_inputs
-from storage.resources import lake_for, warehouse_for
 
 log = logging.getLogger("nightscore")
 
@@ -22,6 +20,9 @@ DemoOption = typer.Option(
 
 def with_demo_inputs(cfg: Settings, demo: bool) -> Settings:
     """Return cfg with the demo inputs as the scheduled runs' inputs when --demo asked for them."""
+    from nightscore.demo import ensure_demo_inputs  # on use: every command line imports this module (start-up speed)
+    from storage.resources import lake_for
+
     return cfg.with_inputs(*ensure_demo_inputs(lake_for(cfg))) if demo else cfg
 
 
@@ -121,6 +122,8 @@ def status(
     with prefect_api(cfg):
         state = flow_run_state(flow_run_id)
     typer.echo(f"{state['name']}: {state['state_name']}" + (f" ({state['message']})" if state["message"] else ""))
+    from storage.resources import warehouse_for
+
     try:
         counts = warehouse_for(cfg).flow_run_counts(flow_run_id)
     except WarehouseMissing:

@@ -7,8 +7,6 @@ from pathlib import Path
 import typer
 
 from nightscore.cli.app import HomeOption, OutputFormat, command_settings
-from nightscore.output import cut_notice, echo_stream, render, render_stream, terminal_width
-from storage.resources import query_warehouse_for, warehouse_for
 
 
 def query(
@@ -21,6 +19,9 @@ def query(
 ) -> None:
     """Run one read-only SELECT on the warehouse's tables and views (sandboxed, timed out) and print its rows as they come."""
     cfg = command_settings(home, "query")
+    from nightscore.output import cut_notice, echo_stream, render_stream, terminal_width  # on use: start-up speed
+    from storage.resources import query_warehouse_for
+
     cap = cfg.warehouse.query_max_rows if limit is None else limit
     with query_warehouse_for(cfg).analyst_rows(sql, cap, cfg.warehouse.query_timeout_s) as stream:
         echo_stream(render_stream(stream.columns, stream, fmt.value, terminal_width()))
@@ -31,4 +32,7 @@ def query(
 def runs(limit: int = typer.Option(20, "--limit", min=1), home: Path | None = HomeOption) -> None:
     """List recent runs with their status and counts."""
     cfg = command_settings(home, "runs")
+    from nightscore.output import render, terminal_width  # on use: start-up speed
+    from storage.resources import warehouse_for
+
     typer.echo(render(warehouse_for(cfg).recent_runs(limit), "table", terminal_width()))

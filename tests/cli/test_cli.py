@@ -145,12 +145,12 @@ def test_unexpected_error_is_one_line_and_its_traceback_goes_to_the_log_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from nightscore import cli
-    from nightscore.cli import warehouse
+    from storage import resources
 
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("a bug")  # a failure nothing maps: it must still end as one line
 
-    monkeypatch.setattr(warehouse, "warehouse_for", broken)
+    monkeypatch.setattr(resources, "warehouse_for", broken)
     assert cli.main(["runs", "--home", str(tmp_path / "home")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("nightscore: unexpected error: KeyError: 'a bug' (traceback in ")

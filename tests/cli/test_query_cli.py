@@ -136,3 +136,34 @@ def test_a_reader_that_stops_early_ends_the_query_quietly(analyst_home: Path) ->
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err.strip().splitlines()[:-1] == [], err
+
+
+# What an analyst's command line must not load: the lake's polars and fsspec, the cache's redis client, the flows'
+# Prefect and the model's torch (most of a second of start-up before the commands imported them on use).
+NOT_FOR_READS = ("polars", "fsspec", "redis", "prefect", "torch", "flows.params", "storage.lake", "storage.cache")
+LOADED = """
+import sys
+from nightscore.cli import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+print(" ".join(sorted(m for m in {names!r} if m in sys.modules)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+READS = [["query", "SELECT count(*) AS n FROM latest_item_scores", "--format", "csv"], ["runs"], ["--help"]]
+
+
+@pytest.mark.parametrize("argv", READS, ids=["query", "runs", "help"])
+def test_reading_the_warehouse_loads_only_what_it_uses(argv: list[str], analyst_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
+    home = [] if argv == ["--help"] else ["--home", str(analyst_home)]
+    names = (*NOT_FOR_READS, "duckdb")
+    script = LOADED.format(names=names)
+    done = subprocess.run([sys.executable, "-c", script, *argv, *home], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stderr.strip().splitlines()[-1].split() if done.stderr.strip() else []
+    assert not set(loaded) & set(NOT_FOR_READS), loaded
+    assert ("duckdb" in loaded) == (argv != ["--help"])  # the reads did open the warehouse
+    if argv[0] == "query":
+        assert done.stdout.split() == ["n", "4"], done.stdout
