@@ -118,12 +118,11 @@ def status(
     cfg = command_settings(home, "status")
     from deployments.stack import prefect_api  # imported here for start-up speed
     from deployments.trigger import flow_run_state
+    from storage.resources import warehouse_for
 
     with prefect_api(cfg):
         state = flow_run_state(flow_run_id)
     typer.echo(f"{state['name']}: {state['state_name']}" + (f" ({state['message']})" if state["message"] else ""))
-    from storage.resources import warehouse_for
-
     try:
         counts = warehouse_for(cfg).flow_run_counts(flow_run_id)
     except WarehouseMissing:
