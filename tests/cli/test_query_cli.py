@@ -18,6 +18,7 @@ import pytest
 
 from nightscore import cli
 from storage.warehouse.duckdb_warehouse import DuckDBWarehouse
+from tests.helpers import fresh_interpreter_output
 from tests.storage.conftest import DIM
 from tests.storage.test_warehouse import publish
 
@@ -144,9 +145,9 @@ NOT_FOR_READS = ("polars", "fsspec", "redis", "prefect", "torch", "flows.params"
 LOADED = """
 import sys
 from nightscore.cli import main
-code = main(sys.argv[1:])
+code = main({argv!r})
 sys.stdout.flush()
-print(" ".join(sorted(m for m in {names!r} if m in sys.modules)), file=sys.stderr)
+print("loaded:", *sorted(m for m in {names!r} if m in sys.modules))
 sys.exit(code)
 """
 
@@ -156,14 +157,12 @@ READS = [["query", "SELECT count(*) AS n FROM latest_item_scores", "--format", "
 
 @pytest.mark.parametrize("argv", READS, ids=["query", "runs", "help"])
 def test_reading_the_warehouse_loads_only_what_it_uses(argv: list[str], analyst_home: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")}
     home = [] if argv == ["--help"] else ["--home", str(analyst_home)]
-    names = (*NOT_FOR_READS, "duckdb")
-    script = LOADED.format(names=names)
-    done = subprocess.run([sys.executable, "-c", script, *argv, *home], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    loaded = done.stderr.strip().splitlines()[-1].split() if done.stderr.strip() else []
+    script = LOADED.format(argv=[*argv, *home], names=(*NOT_FOR_READS, "duckdb"))
+    *printed, last = fresh_interpreter_output(script).splitlines()  # the fixture left no NIGHTSCORE_ variable set
+    assert last.startswith("loaded:"), last
+    loaded = last.split()[1:]
     assert not set(loaded) & set(NOT_FOR_READS), loaded
     assert ("duckdb" in loaded) == (argv != ["--help"])  # the reads did open the warehouse
     if argv[0] == "query":
-        assert done.stdout.split() == ["n", "4"], done.stdout
+        assert " ".join(printed).split() == ["n", "4"], printed
