@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from core.collector import imports_held
 from core.errors import UsageError
 from core.settings import DEFAULT_TOPIC_LABELS, Settings
 from data_contracts.dataset_view import COUNT, DatasetView, view_of
@@ -280,14 +281,15 @@ def _context(docs_dir: str | None) -> AbstractDataContext:
     gx_logger = logging.getLogger("great_expectations")
     if gx_logger.level == logging.NOTSET:  # GX logs each context's set-up at INFO; keep run logs to ours
         gx_logger.setLevel(logging.WARNING)
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
+    with imports_held():  # a run's first context imports Great Expectations: 2.5 s, several full collections
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import (
+            DataContextConfig,
+            InMemoryStoreBackendDefaults,
+            ProgressBarsConfig,
+        )
 
-    from data_contracts.docs_views import site_config  # Great Expectations' renderers: loaded for Data Docs only
+        from data_contracts.docs_views import site_config  # Great Expectations' renderers: loaded for Data Docs only
 
     sites = {} if docs_dir is None else {DOCS_SITE: site_config(str(docs_dir))}
     config = DataContextConfig(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from core.collector import imports_held
 from core.errors import NightscoreError, RunInterrupted, UsageError
 from core.run_context import parse_run_date, run_inputs
 from core.settings import Settings, settings_scope
@@ -54,7 +55,8 @@ def run_nightly(
     elif not resume:
         run_inputs(cfg, items, interactions)  # no inputs anywhere: refused before Prefect starts
     server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
-    from flows.nightly import nightly  # imported here for start-up speed: Prefect loads in seconds
+    with imports_held():
+        from flows.nightly import nightly  # imported here for start-up speed: Prefect loads in seconds
 
     api = server.result()
     install_signal_handlers()
@@ -106,7 +108,8 @@ def run_train_ranker(
 
     cfg = command_settings(home, "run-train-ranker")
     server = start_local_server()  # without PREFECT_API_URL its process starts while the flow imports
-    from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
+    with imports_held():
+        from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
 
     with api_scope(server.result()), settings_scope(cfg):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
