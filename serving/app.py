@@ -12,7 +12,6 @@ well-formed goes on to the FastAPI route, whose answers (every 422 included) sta
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import shutil
@@ -30,6 +29,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.collector import freeze_startup_objects
 from core.environment import export_metrics_folder, export_settings
 from core.errors import NightscoreError
 from core.ids import id_problem
@@ -284,17 +284,6 @@ def app_from_environment() -> FastAPI:
     app = create_app(config)
     freeze_startup_objects()
     return app
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, the loaded run) out of the garbage collector's sight (gc.freeze).
-
-    A worker holds some 200,000 objects after start-up (numpy, LightGBM, pydantic, FastAPI); every full
-    collection walked them all, 60+ ms on a slow core, and that pause was the service's p99. Frozen, a full
-    collection sees only what was made since: a few thousand objects, well under a millisecond.
-    """
-    gc.collect()  # garbage of start-up goes now, not frozen forever
-    gc.freeze()
 
 
 def run_server(
