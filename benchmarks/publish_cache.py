@@ -21,7 +21,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage.cache import RedisCache
+from storage.cache_redis import RedisCache
 from storage.candidate_payload import CandidateEntry, encode_entry, feature_set_id
 
 FEATURES = 22  # feature columns of a cache entry (the fusion of six lists)

@@ -65,7 +65,7 @@ BENCH_RATE_PER_S = 1_000_000  # the rate limit is on, per client, far above what
 
 def prepare(folder: Path, redis_url: str, prefix: str, n_items: int, n_users: int, top_k: int) -> list[str]:
     """Build a served run in folder/lake (tests/service/conftest.build_served) and publish it to Redis; return its users."""
-    from storage.cache import RedisCache
+    from storage.cache_redis import RedisCache
     from tests.service.conftest import build_served, publish
 
     served = build_served(folder / "lake", n_items, n_users, top_k)

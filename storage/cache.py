@@ -1,4 +1,4 @@
-"""Candidate cache: versioned per-user payloads behind a current/previous pointer, in SQLite or Redis.
+"""Candidate cache: versioned per-user payloads behind a current/previous pointer, in SQLite or Redis (storage/cache_redis.py).
 
 Keys: ``<prefix>:cand:<run_id>:<user_id>`` hold one user's payload of one run; ``<prefix>:cand:current`` and
 ``<prefix>:cand:previous`` hold run ids. A version is written completely before the pointer switches to it,
@@ -14,7 +14,6 @@ so later publications do not extend it. Switching to a version (a rollback) clea
 from __future__ import annotations
 
 import logging
-import re
 import sqlite3
 import threading
 import time
@@ -26,25 +25,18 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
-
 from core.errors import CacheUnavailable, PublishError
 
 logger = logging.getLogger(__name__)
 
 REDIS_SCHEMES = ("redis://", "rediss://")
-REDIS_SOCKET_TIMEOUT_S = 2.0
-REDIS_RETRY_BASE_S, REDIS_RETRY_CAP_S = 0.1, 2.0  # first backoff of a retried command, and its ceiling
 SQLITE_BUSY_TIMEOUT_MS = 5000
-SCAN_COUNT = 1000
 DEFAULT_VERSION_GRACE_S = 86_400.0
 
 Entry = tuple[str, bytes]
 
 
-def _check_run_id(run_id: str) -> str:
+def check_run_id(run_id: str) -> str:
     """Return run_id, or raise ValueError when it is empty or holds ':' (the key separator)."""
     if not run_id or ":" in run_id:
         raise ValueError(f"run id must be non-empty and contain no ':': {run_id!r}")
@@ -61,7 +53,7 @@ def _batches(entries: Iterable[Entry], size: int) -> Iterator[list[Entry]]:
 
 
 @contextmanager
-def _unavailable_on(errors: tuple[type[BaseException], ...], where: str) -> Iterator[None]:
+def unavailable_on(errors: tuple[type[BaseException], ...], where: str) -> Iterator[None]:
     """Turn the given low-level errors into CacheUnavailable with a one-line message naming where."""
     try:
         yield
@@ -89,7 +81,7 @@ class CandidateCache(ABC):
 
     def version_prefix(self, run_id: str) -> str:
         """Return the key prefix shared by every entry of one run (ends with ':')."""
-        return f"{self.prefix}:cand:{_check_run_id(run_id)}:"
+        return f"{self.prefix}:cand:{check_run_id(run_id)}:"
 
     def entry_key(self, run_id: str, user_id: str) -> str:
         """Return the key of one user's entry in one run."""
@@ -102,7 +94,7 @@ class CandidateCache(ABC):
         Raises:
             PublishError: run_id is the current run (readers must never see it change).
         """
-        _check_run_id(run_id)
+        check_run_id(run_id)
         if run_id == self.current():
             raise PublishError(f"refusing to write into run {run_id!r}: it is the current cache version")
         written = 0
@@ -138,7 +130,7 @@ class CandidateCache(ABC):
         Raises:
             PublishError: run_id is the current run.
         """
-        _check_run_id(run_id)
+        check_run_id(run_id)
         if run_id == self.current():
             raise PublishError(f"refusing to drop run {run_id!r}: it is the current cache version")
         dropped = self._delete_prefix(self.version_prefix(run_id))
@@ -261,7 +253,7 @@ class SqliteCache(CandidateCache):
 
     def _guard(self) -> AbstractContextManager[None]:
         """Return a context turning SQLite errors into CacheUnavailable."""
-        return _unavailable_on((sqlite3.DatabaseError,), str(self.path))
+        return unavailable_on((sqlite3.DatabaseError,), str(self.path))
 
     @contextmanager
     def _transaction(self, mode: str = "DEFERRED") -> Iterator[sqlite3.Connection]:
@@ -315,7 +307,7 @@ class SqliteCache(CandidateCache):
 
     def switch_current(self, run_id: str) -> str | None:
         """Set current and previous in one write transaction; return the old current."""
-        _check_run_id(run_id)
+        check_run_id(run_id)
         with self._transaction("IMMEDIATE") as conn:
             old = self.current()
             conn.execute(_PERSIST, _prefix_range(self.version_prefix(run_id)))  # a rolled-back-to version stays
@@ -362,30 +354,6 @@ class SqliteCache(CandidateCache):
 # Redis (server, by configuration)
 # --------------------------------------------------------------------------------------------
 
-# Runs atomically on the server: current and previous change together or not at all.
-_SWITCH_SCRIPT = """
-local old = redis.call('GET', KEYS[1])
-if old == ARGV[1] then return old end
-redis.call('SET', KEYS[1], ARGV[1])
-if old then redis.call('SET', KEYS[2], old) else redis.call('DEL', KEYS[2]) end
-return old
-"""
-
-# Sets both pointers at once; an empty argument deletes that pointer.
-_SET_POINTERS_SCRIPT = """
-for i = 1, 2 do
-  if ARGV[i] == '' then redis.call('DEL', KEYS[i]) else redis.call('SET', KEYS[i], ARGV[i]) end
-end
-return 1
-"""
-
-_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-def _glob_escape(text: str) -> str:
-    """Escape the glob characters of a SCAN match pattern."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
 
 def redact_url(url: str) -> str:
     """Return url with its password replaced by ***, for messages and logs."""
@@ -394,134 +362,3 @@ def redact_url(url: str) -> str:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-class RedisCache(CandidateCache):
-    """Candidate cache on a Redis server; unreachable servers raise CacheUnavailable (ping returns False).
-
-    Every command (pipelines and scripts included) that fails in transport — a reset connection, a timeout — is
-    retried ``retries`` times with exponential backoff on a fresh connection before CacheUnavailable; each is
-    safe to repeat (SET, PEXPIRE NX, the pointer scripts).
-    """
-
-    def __init__(self, url: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.version_grace_s = version_grace_s
-        self._where = redact_url(url)
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
-            retry=Retry(ExponentialBackoff(cap=REDIS_RETRY_CAP_S, base=REDIS_RETRY_BASE_S), retries),
-            retry_on_error=list(_REDIS_DOWN),
-        )
-        self._switch = self._client.register_script(_SWITCH_SCRIPT)
-        self._set_pointers = self._client.register_script(_SET_POINTERS_SCRIPT)
-
-    def _guard(self) -> AbstractContextManager[None]:
-        """Return a context turning connection errors into CacheUnavailable naming the URL."""
-        return _unavailable_on(_REDIS_DOWN, self._where)
-
-    def _get(self, key: str) -> bytes | None:
-        with self._guard():
-            value = self._client.get(key)
-        return None if value is None else bytes(value)  # type: ignore[arg-type]  # redis-py types it bytes | str
-
-    def _write_batch(self, items: list[Entry]) -> None:
-        with self._guard():
-            pipe = self._client.pipeline(transaction=False)
-            for key, value in items:
-                pipe.set(key, value)
-            pipe.execute()
-
-    def _scan(self, pattern: str) -> Iterator[bytes]:
-        """Yield keys matching a glob pattern with SCAN (never KEYS, which blocks the server)."""
-        with self._guard():
-            yield from self._client.scan_iter(match=pattern, count=SCAN_COUNT)
-
-    def _delete_prefix(self, key_prefix: str) -> int:
-        deleted = 0
-        keys = self._scan(_glob_escape(key_prefix) + "*")
-        while batch := list(islice(keys, SCAN_COUNT)):
-            with self._guard():
-                deleted += self._client.unlink(*batch)
-        return deleted
-
-    @property
-    def expiring_key(self) -> str:
-        """Return the key of the set of run ids whose entries may carry a TTL (outside the cand: namespace)."""
-        return f"{self.prefix}:expiring"
-
-    def _each_batch(self, run_id: str, command: str, *args: object) -> None:
-        """Apply a per-key command (pexpire, persist) to every entry of a run, one pipeline per SCAN batch."""
-        keys = self._scan(_glob_escape(self.version_prefix(run_id)) + "*")
-        while batch := list(islice(keys, SCAN_COUNT)):
-            with self._guard():
-                pipe = self._client.pipeline(transaction=False)
-                for key in batch:
-                    getattr(pipe, command)(key, *args)
-                pipe.execute()
-
-    def _expire_version(self, run_id: str, ttl_s: float) -> None:
-        with self._guard():  # recorded first: the set may name a run without TTLs, never the reverse
-            self._client.sadd(self.expiring_key, run_id)
-        self._each_batch(run_id, "pexpire", max(1, round(ttl_s * 1000)), True)  # NX: the first expiry stays
-
-    def _persist_version(self, run_id: str) -> None:
-        """Clear the TTLs of a run's entries if it was ever given some."""
-        with self._guard():
-            if not self._client.sismember(self.expiring_key, run_id):
-                return
-        self._each_batch(run_id, "persist")
-        with self._guard():
-            self._client.srem(self.expiring_key, run_id)
-
-    def _purge_expired(self) -> None:
-        """Forget expiring run ids whose entries Redis has already removed."""
-        with self._guard():
-            members = {bytes(m).decode() for m in self._client.smembers(self.expiring_key)}  # type: ignore[arg-type]
-        gone = members - set(self.versions())
-        if gone:
-            with self._guard():
-                self._client.srem(self.expiring_key, *gone)
-
-    def switch_current(self, run_id: str) -> str | None:
-        """Set current and previous in one server-side script (the new current's TTLs cleared first); return the old current."""
-        _check_run_id(run_id)
-        self._persist_version(run_id)
-        with self._guard():
-            old = self._switch(keys=[self.current_key, self.previous_key], args=[run_id])
-        old_id = None if old is None else bytes(old).decode()
-        logger.info("cache: current run %s (was %s)", run_id, old_id)
-        return old_id
-
-    def set_pointers(self, current: str | None, previous: str | None) -> None:
-        """Set current and previous in one server-side script (their versions' TTLs cleared first); None deletes."""
-        for run_id in (current, previous):
-            if run_id is not None:
-                self._persist_version(_check_run_id(run_id))
-        with self._guard():
-            self._set_pointers(keys=[self.current_key, self.previous_key], args=[current or "", previous or ""])
-        logger.info("cache: pointers set to current %s, previous %s", current, previous)
-
-    def versions(self) -> list[str]:
-        base = f"{self.prefix}:cand:"
-        run_ids = {key.decode()[len(base) :].split(":", 1)[0] for key in self._scan(_glob_escape(base) + "*:*")}
-        return sorted(run_ids)
-
-    def ping(self) -> bool:
-        try:
-            return bool(self._client.ping())
-        except _REDIS_DOWN:
-            return False
-
-    def close(self) -> None:
-        self._client.close()
-
-
-def open_cache(location: str, prefix: str, version_grace_s: float = DEFAULT_VERSION_GRACE_S, retries: int = 2) -> CandidateCache:
-    """Open the cache at a redis:// or rediss:// URL (transport errors retried ``retries`` times), or else the SQLite file."""
-    if location.startswith(REDIS_SCHEMES):
-        return RedisCache(location, prefix, version_grace_s, retries)
-    return SqliteCache(location, prefix, version_grace_s)

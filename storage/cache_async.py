@@ -26,7 +26,8 @@ from redis.backoff import NoBackoff
 
 from core.errors import CacheUnavailable
 from storage.cache import REDIS_SCHEMES, SqliteCache, redact_url
-from storage.events import RECENT_PER_USER, EventStore, RedisEvents, SqliteEvents, user_events_key
+from storage.events import RECENT_PER_USER, EventStore, SqliteEvents, user_events_key
+from storage.events_redis import RedisEvents
 from storage.pipelined import PipelinedScript
 
 log = logging.getLogger(__name__)

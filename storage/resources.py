@@ -1,7 +1,8 @@
 """The one place that builds the adapters in use (lake, warehouse, cache) from settings.
 
 Each builder imports its adapter when called: a command line that reads the warehouse (`nightscore query`) then
-never loads the lake's polars and fsspec or the cache's redis client (most of a second of its start).
+never loads the lake's polars and fsspec or the cache's redis client (most of a second of its start), and a run on
+the embedded SQLite cache never loads redis-py.
 """
 
 from __future__ import annotations
@@ -60,10 +61,21 @@ def query_warehouse_for(settings: Settings) -> Warehouse:
 
 def cache_for(settings: Settings, retries: int | None = None) -> CandidateCache:
     """Return the candidate cache adapter for settings.cache_location (retries: its transport retries, else the setting)."""
-    from storage.cache import open_cache
-
     retry = settings.cache.retries if retries is None else retries
     return open_cache(settings.cache_location, settings.cache.prefix, settings.cache.version_grace_s, retry)
+
+
+def open_cache(location: str, prefix: str, version_grace_s: float | None = None, retries: int = 2) -> CandidateCache:
+    """Return the cache at a redis:// or rediss:// URL (transport errors retried `retries` times), or else the SQLite
+    file; version_grace_s None keeps the adapters' default."""
+    from storage.cache import DEFAULT_VERSION_GRACE_S, REDIS_SCHEMES, SqliteCache
+
+    grace = DEFAULT_VERSION_GRACE_S if version_grace_s is None else version_grace_s
+    if location.startswith(REDIS_SCHEMES):
+        from storage.cache_redis import RedisCache  # redis-py loads for a Redis cache only
+
+        return RedisCache(location, prefix, grace, retries)
+    return SqliteCache(location, prefix, grace)
 
 
 def open_warehouse(location: str, embedding_dim: int | None = None, lock_timeout_s: float | None = None) -> Warehouse:

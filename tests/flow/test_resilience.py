@@ -25,8 +25,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from storage.cache import open_cache
 from storage.candidate_payload import decode_entry
+from storage.resources import open_cache
 from tests.helpers import command_logs, demo_inputs, nightly_args, nightly_command, restore_tree, small_run_environment
 from tests.in_process import cli_in_process
 from tests.servers import wait_for

@@ -19,8 +19,10 @@ import pytest
 import redis
 
 from core.errors import CacheUnavailable, PublishError
-from storage.cache import CandidateCache, RedisCache, SqliteCache, open_cache, redact_url
+from storage.cache import CandidateCache, SqliteCache, redact_url
+from storage.cache_redis import RedisCache
 from storage.candidate_payload import PAYLOAD_VERSION, CandidateEntry, decode_entry, encode_entry, feature_set_id
+from storage.resources import open_cache
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DEAD_REDIS_URL = "redis://127.0.0.1:1/0"

@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from serving.app import create_app
 from serving.ranking import load_run
 from storage.artifacts import publish_serving, read_serving
-from storage.cache import CandidateCache, RedisCache, SqliteCache
+from storage.cache import CandidateCache, SqliteCache
+from storage.cache_redis import RedisCache
 from storage.lake import Lake
 from tests.service.conftest import REDIS_URL, K, Served, keyed, publish, service_config
 from tests.service.test_events import event

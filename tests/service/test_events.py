@@ -12,8 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.app import create_app
-from storage.cache import CandidateCache, RedisCache, SqliteCache
+from storage.cache import CandidateCache, SqliteCache
 from storage.cache_async import open_stores
+from storage.cache_redis import RedisCache
 from storage.candidate_payload import decode_entry
 from tests.service.conftest import REDIS_URL, Served, keyed, publish, service_config
 

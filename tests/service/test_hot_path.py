@@ -23,8 +23,9 @@ from threadpoolctl import threadpool_limits
 from core.errors import CacheUnavailable
 from serving.app import RECOMMEND_PREFIX, app_from_environment, create_app, recommendation_body, well_formed_request
 from serving.ranking import Recommendation
-from storage.cache import RedisCache, SqliteCache
+from storage.cache import SqliteCache
 from storage.cache_async import RedisReader
+from storage.cache_redis import RedisCache
 from tests.service.conftest import API_KEY, REDIS_URL, Served, keyed, own_redis_server, publish, service_config
 
 ROUTE = "/v1/users/{user_id:path}/recommendations"

@@ -21,8 +21,9 @@ from fastapi.testclient import TestClient
 from core.errors import ModelLoadError
 from serving.app import create_app
 from serving.config import ServingConfig
-from storage.cache import CandidateCache, RedisCache, SqliteCache
+from storage.cache import CandidateCache, SqliteCache
 from storage.cache_async import Found, SqliteReader
+from storage.cache_redis import RedisCache
 from storage.candidate_payload import decode_entry
 from storage.events import SqliteEvents
 from tests.service.conftest import REDIS_URL, K, Served, free_port, keyed, own_redis_server, publish, service_config

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from core.errors import CacheUnavailable, InputUnreadable, LakeUnavailable
-from storage.cache import open_cache
 from storage.lake import Lake
+from storage.resources import open_cache
 from tests.servers import ResettingProxy, proxy, s3_bucket, s3_endpoint  # noqa: F401 - fixtures
 
 ONE_BOTO_ATTEMPT = {"config_kwargs": {"retries": {"max_attempts": 1}}}  # each lake attempt is one request here
