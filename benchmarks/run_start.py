@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +99,8 @@ def table(runs: dict[str, list[Run]], repo_b: Path | None) -> str:
     return "\n".join(lines)
 
 
-def _median(values: object) -> float:
-    return float(statistics.median(list(values)))  # type: ignore[call-overload]
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
 
 
 def main() -> None:
