@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -62,3 +63,15 @@ def quantize_isolated_from(folder: Path) -> None:
     from models.encoder.backends.openvino_int8.process import _run_child
 
     read_result(folder, _run_child(folder))
+
+
+def test_the_child_freezes_torch_openvino_and_nncf_before_the_search(tmp_path: Path) -> None:
+    """The child holds the collector off its imports (core/collector.py): the search's full collections walk only
+    what it builds, not the half million objects the libraries leave."""
+    from models.encoder.backends.openvino_int8.process import child_command
+
+    (tmp_path / "job.json").write_text("{}")  # the child loads everything, says what it froze, then fails on the job
+    done = subprocess.run(child_command(tmp_path), capture_output=True, text=True, check=False)
+    said = re.search(r"int8 search child: (\d+) objects frozen, (\d+) full collections before the search", done.stderr)
+    assert done.returncode == 1 and said, done.stderr[-2000:]
+    assert int(said.group(1)) >= 200_000 and int(said.group(2)) == 0
