@@ -67,7 +67,7 @@ def quantize_isolated_from(folder: Path) -> None:
 
 def test_the_child_freezes_torch_openvino_and_nncf_before_the_search(tmp_path: Path) -> None:
     """The child holds the collector off its imports (core/collector.py): the search's full collections walk only
-    what it builds, not the half million objects the libraries leave."""
+    what it builds, not the 340,000 or so objects the libraries leave."""
     from models.encoder.backends.openvino_int8.process import child_command
 
     (tmp_path / "job.json").write_text("{}")  # the child loads everything, says what it froze, then fails on the job
