@@ -14,16 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.candidate_scale import cpu_flags
-from benchmarks.run_start import Run
+from benchmarks.run_start import Run, median, reaped
 
 log = logging.getLogger("int8_child")
 UNHELD = "import contextlib, core.collector; core.collector.imports_held = contextlib.nullcontext\n"
@@ -38,11 +36,10 @@ def one_search(command: list[str], folder: Path) -> Run:
         (folder / leftover).unlink(missing_ok=True)
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    search = reaped(process, started)
     if process.returncode != 0 or not ((folder / "result.json").exists() or (folder / "error.json").exists()):
         raise SystemExit(f"the search child failed (exit {process.returncode})")
-    return Run(time.perf_counter() - started, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+    return search
 
 
 def measure(pairs: int, floor: float, folder: Path) -> dict[str, list[Run]]:
@@ -62,17 +59,13 @@ def measure(pairs: int, floor: float, folder: Path) -> dict[str, list[Run]]:
     return runs
 
 
-def _median(values: Iterable[float]) -> float:
-    return statistics.median(list(values))
-
-
 def table(runs: dict[str, list[Run]]) -> str:
     """Return the side-by-side table: medians per arm and the median of the pairs' A/B ratios."""
     lines = [f"CPU: {cpu_flags()}; {os.cpu_count()} cores", "", "| arm | searches | wall s | CPU s |", "|---|---|---|---|"]
     for arm, name in (("A", "A: imports held (core/collector.py)"), ("B", "B: collector left to Python")):
         rows = runs[arm]
-        lines.append(f"| {name} | {len(rows)} | {_median(r.wall for r in rows):.2f} | {_median(r.cpu for r in rows):.2f} |")
-    ratio = [_median(getattr(a, f) / getattr(b, f) for a, b in zip(runs["A"], runs["B"], strict=True)) for f in ("wall", "cpu")]
+        lines.append(f"| {name} | {len(rows)} | {median(r.wall for r in rows):.2f} | {median(r.cpu for r in rows):.2f} |")
+    ratio = [median(getattr(a, f) / getattr(b, f) for a, b in zip(runs["A"], runs["B"], strict=True)) for f in ("wall", "cpu")]
     lines.append(f"| A/B (median of pairs) | | {ratio[0]:.3f} | {ratio[1]:.3f} |")
     return "\n".join(lines)
 

@@ -50,14 +50,19 @@ def one_run(code: str, cwd: Path, args: list[str], env: dict[str, str], log_file
     started = time.perf_counter()
     with log_file.open("w+b") as out:
         process = subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-        wall = time.perf_counter() - started
+        run = reaped(process, started)
         out.seek(0)
         text = out.read().decode(errors="replace")
     if process.returncode != 0 or "published" not in text:
         raise SystemExit(f"run failed (exit {process.returncode}): {text[-2000:]}")
-    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+    return run
+
+
+def reaped(process: subprocess.Popen[bytes], started: float) -> Run:
+    """Return what a child started at `started` (perf_counter) cost, reaped here with os.wait4 for its own rusage."""
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return Run(time.perf_counter() - started, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
 
 
 def measure(pairs: int, items: int, repo_b: Path | None, root: Path, api_url: str) -> dict[str, list[Run]]:
@@ -88,18 +93,19 @@ def table(runs: dict[str, list[Run]], repo_b: Path | None) -> str:
     for arm, name in (("A", "A: imports held (core/collector.py)"), ("B", b_name)):
         rows = runs[arm]
         lines.append(
-            f"| {name} | {len(rows)} | {_median(r.wall for r in rows):.2f} | {_median(r.cpu for r in rows):.2f} | "
-            f"{_median(r.peak_mib for r in rows):.0f} |"
+            f"| {name} | {len(rows)} | {median(r.wall for r in rows):.2f} | {median(r.cpu for r in rows):.2f} | "
+            f"{median(r.peak_mib for r in rows):.0f} |"
         )
     ratio = {
-        field: _median(getattr(a, field) / getattr(b, field) for a, b in zip(runs["A"], runs["B"], strict=True))
+        field: median(getattr(a, field) / getattr(b, field) for a, b in zip(runs["A"], runs["B"], strict=True))
         for field in ("wall", "cpu", "peak_mib")
     }
     lines.append(f"| A/B (median of pairs) | | {ratio['wall']:.3f} | {ratio['cpu']:.3f} | {ratio['peak_mib']:.3f} |")
     return "\n".join(lines)
 
 
-def _median(values: Iterable[float]) -> float:
+def median(values: Iterable[float]) -> float:
+    """Return the median of values."""
     return statistics.median(list(values))
 
 
