@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -60,6 +61,23 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path
     return folder
 
 
+def _harness_services_off() -> dict[Any, bool]:
+    """Return the settings that turn off the test server's event consumers (its subprocess reads them at its start).
+
+    They turn the clients' events into task-run rows and the events feed (and match automations), which no code of ours
+    and no test reads: flow runs, their states, artifacts and deployments go through the API and stay. They were the
+    largest part of the server's CPU, which the flow tier's runs share with the two workers on a 2-core host. The
+    servers that stand for production (`nightscore up`, `make demo`'s, tests/servers.py's) keep Prefect's defaults.
+    """
+    from prefect import settings
+
+    return {
+        settings.PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED: False,
+        settings.PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED: False,
+        settings.PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED: False,
+    }
+
+
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[str]:
     """Run this worker's flows against one temporary Prefect server (SQLite in a temp dir); return its API URL, which
@@ -70,7 +88,11 @@ def prefect_server() -> Iterator[str]:
     # No flow-run heartbeats in this process: a flow's end joins the heartbeat thread, which sleeps in whole seconds,
     # and every in-process run measured 3.09 s with them against 2.4-3.1 s without. Nothing here tests crash detection;
     # the `nightscore` subprocesses, the workers' runs and `make demo` keep Prefect's default.
-    with prefect_test_harness(server_startup_timeout=120), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with (
+        temporary_settings(_harness_services_off()),
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield str(PREFECT_API_URL.value())
 
 
