@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from models.encoder.backends.openvino_int8.process import Int8SearchCrashed, quantize_isolated, read_result, write_job
-from models.encoder.backends.openvino_int8.search import MARGIN, Int8NotFaster, QuantizationFailed, Validation, min_cosine
+from models.encoder.backends.openvino_int8.search import MARGIN, Int8NotFaster, Validation, min_cosine
 from models.encoder.backends.registry import unavailable_reason
 from tests.model.st_models import ARCHS, int8_search_inputs, save_random_model
 
@@ -35,12 +35,12 @@ def test_the_child_returns_a_model_that_measures_what_it_reports(search_inputs: 
     assert min_cosine(result.model, validation, config) == pytest.approx(result.min_cosine, abs=1e-6)
 
 
-def test_the_childs_refusals_keep_their_types_and_messages(search_inputs: tuple) -> None:
+def test_the_childs_refusal_keeps_its_type_and_message(search_inputs: tuple) -> None:
+    """Int8NotFaster here; QuantizationFailed crosses the child in tests/model/test_openvino_int8.py, where the loader
+    turns it, and only it, into FidelityRefused (the same long refused search twice cost about 14 CPU-s)."""
     float_model, calibration, validation, config = search_inputs
     with pytest.raises(Int8NotFaster, match=r"largest MatMul alone ran at \d+\.\d\dx float in int8"):
         quantize_isolated(float_model, calibration, validation, 1.0 - MARGIN, config, min_speedup=100.0)
-    with pytest.raises(QuantizationFailed, match=r"under floor 0\.99999"):
-        quantize_isolated(float_model, calibration, validation, 0.99999, config)
 
 
 def test_a_child_killed_by_a_signal_is_int8_unavailable_naming_the_signal(search_inputs: tuple, tmp_path: Path) -> None:

@@ -167,6 +167,7 @@ def test_auto_asks_int8_to_beat_float_and_a_pinned_int8_does_not(bert: Path) -> 
 
 
 def test_an_unreachable_int8_floor_is_refused_naming_it(bert: Path) -> None:
+    """The search's QuantizationFailed crosses its child process by type: any other type would be a UsageError here."""
     _skip_unless("int8")
     spec = EncoderSpec(device="cpu", backend="openvino", precision="int8", model_path=str(bert), int8_floor=0.99999)
     with pytest.raises(FidelityRefused, match=r"openvino/int8 refused: static int8 reached min cosine 0\.\d{6} .*floor 0\.99999"):
