@@ -9,6 +9,8 @@ and to the Prefect UI, where a developer reads it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,9 @@ from core.errors import is_expected
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s%(run)s: %(message)s"
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+# `extra` of a warning that `nightscore run nightly`'s summary repeats (quarantine per rule, truncated texts): the
+# terminal shows it once, in the summary; the log file and the Prefect UI keep the run's own line
+IN_SUMMARY: dict[str, object] = {"in_summary": True}
 
 
 def run_formatter() -> logging.Formatter:
@@ -35,6 +40,28 @@ class RunNameFilter(logging.Filter):
         name = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
         record.run = f" [{name}]" if name else ""
         return True
+
+
+class RepeatedInSummary(logging.Filter):
+    """Drops the records logged with extra=IN_SUMMARY (a console handler's filter while a summarised run runs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return False for a record the run's summary repeats."""
+        return not getattr(record, "in_summary", False)
+
+
+@contextmanager
+def summary_repeats_off_console(verbose: bool) -> Iterator[None]:
+    """Keep the warnings a run's summary repeats off the console handlers while the block runs (all of them when verbose)."""
+    consoles = [] if verbose else [h for h in logging.getLogger().handlers if not isinstance(h, logging.FileHandler)]
+    repeated = RepeatedInSummary()
+    for handler in consoles:
+        handler.addFilter(repeated)
+    try:
+        yield
+    finally:
+        for handler in consoles:
+            handler.removeFilter(repeated)
 
 
 class OneLine(logging.Formatter):

@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
+from core.logs import IN_SUMMARY
 from core.records import Published, RunRef, Stages
 from core.run_context import run_folder
 from storage.lake import Lake
@@ -99,10 +100,11 @@ def quarantine_by_rule(lake: Lake, run: RunRef) -> list[QuarantineRule]:
 
 
 def warn_about(published: Published, rules: list[QuarantineRule], max_tokens: int) -> None:
-    """Log the run's quarantine per rule and its truncated texts as warnings (the run's log in the UI)."""
+    """Log the run's quarantine per rule and its truncated texts as warnings (the run's log in the UI; a CLI run's
+    summary says them on the terminal instead)."""
     record, logger = published.record, get_run_logger()
     for dataset, rule, rows, example in rules:
-        logger.warning("quarantined %d %s row(s) by %s (e.g. %s)", rows, dataset, rule, example)
+        logger.warning("quarantined %d %s row(s) by %s (e.g. %s)", rows, dataset, rule, example, extra=IN_SUMMARY)
     if record.truncated_texts and record.rows_scored:
         logger.warning(
             "%d of the run's %d texts (%.1f%%) are truncated at %d tokens",
@@ -110,6 +112,7 @@ def warn_about(published: Published, rules: list[QuarantineRule], max_tokens: in
             record.rows_scored,
             100 * record.truncated_texts / record.rows_scored,
             max_tokens,
+            extra=IN_SUMMARY,
         )
 
 

@@ -14,6 +14,7 @@ import typer
 
 from core.collector import imports_held
 from core.errors import NightscoreError, RunInterrupted, UsageError
+from core.logs import summary_repeats_off_console
 from core.run_context import parse_run_date, run_inputs
 from core.settings import Settings, settings_scope
 from core.stop import install_signal_handlers
@@ -60,7 +61,7 @@ def run_nightly(
 
     api = server.result()
     install_signal_handlers()
-    with api_scope(api), interruptible(), settings_scope(cfg), progress_bar():
+    with api_scope(api), interruptible(), settings_scope(cfg), progress_bar(), summary_repeats_off_console(INVOCATION.verbose):
         published = nightly(params)
     typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **run_notes(cfg, published)))
     typer.echo(next_steps(home))

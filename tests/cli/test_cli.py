@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.helpers import CLI_CALIBRATION, calibration_environment
+from tests.helpers import CLI_CALIBRATION, calibration_environment, command_logs
 
 CLI = [str(Path(sys.executable).with_name("nightscore"))]
 
@@ -69,6 +69,9 @@ def test_demo_run_publishes_and_query_counts_match(demo_run: tuple[Path, Path, s
     home, inputs, run = demo_run
     assert run.returncode == 0, run.stderr[-3000:]
     assert "published" in run.stdout and "padding efficiency" in run.stdout
+    # the summary's truncation warning is said once on the terminal: the run's log file keeps the run's own line
+    assert "are truncated at 256 tokens" in run.stdout and "truncated" not in run.stderr, run.stderr
+    assert "WARNING prefect.task_runs [report-run" in command_logs(home) and "are truncated at" in command_logs(home)
     assert re.search(r"engine: \w+/\w+@\d+ \(auto, calibrated [\d,.]+ tok/s on .+ \(persisted choice\)\)", run.stdout), run.stdout
     runs = query_json("select rows_in, rows_scored, rows_quarantined, model_version, status from scoring_runs", home)
     assert len(runs) == 1 and runs[0]["status"] == "published"

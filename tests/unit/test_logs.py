@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 
 from core.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
-from core.logs import OneLine, RunNameFilter, run_formatter
+from core.logs import IN_SUMMARY, OneLine, RunNameFilter, configure_logging, run_formatter, summary_repeats_off_console
 
 FORMAT = "%(name)s%(run)s: %(message)s"
 
@@ -80,3 +82,24 @@ def test_a_handler_without_formatter_or_run_filter_still_formats() -> None:
     record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, "Finished in state %s", ("Failed()",), None)
     assert OneLine(None, expected_only=True).format(record) == "Finished in state Failed()"
     assert run_formatter().format(record).endswith("prefect.flow_runs: Finished in state Failed()")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_warning_the_summary_repeats_stays_off_the_console_unless_verbose(tmp_path: Path, verbose: bool) -> None:
+    root = logging.getLogger()
+    saved, console = (root.handlers[:], root.level), io.StringIO()
+    root.handlers = [logging.StreamHandler(console)]
+    log_file, log = tmp_path / "run.log", logging.getLogger("nightscore.test-summary")
+    try:
+        configure_logging(verbose, log_file)
+        with summary_repeats_off_console(verbose):
+            log.warning("12 of the run's 300 texts are truncated", extra=IN_SUMMARY)
+            log.warning("a warning the summary does not repeat")
+        log.warning("a later repeat-marked warning", extra=IN_SUMMARY)  # outside the run: nothing repeats it
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers, root.level = saved
+    shown, kept = console.getvalue(), log_file.read_text()
+    assert ("truncated" in shown) is verbose and "does not repeat" in shown and "a later" in shown
+    assert "12 of the run's 300 texts are truncated" in kept and "does not repeat" in kept
