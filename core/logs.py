@@ -42,26 +42,61 @@ class RunNameFilter(logging.Filter):
         return True
 
 
-class RepeatedInSummary(logging.Filter):
-    """Drops the records logged with extra=IN_SUMMARY (a console handler's filter while a summarised run runs)."""
+class SaidOnceOnConsole(logging.Filter):
+    """A console handler's filter while a command's flow runs: drops the warnings the run's summary repeats and holds
+    the run loggers' errors until the run ends, when `release` hands them on but those that repeat its failure."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+        self.held: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Return False for a record the run's summary repeats."""
-        return not getattr(record, "in_summary", False)
+        """Return False for a record the summary repeats, or a run's error (held until the run ends)."""
+        if getattr(record, "in_summary", False):
+            return False
+        if record.levelno >= logging.ERROR and record.name in RUN_LOGGERS:
+            self.held.append(record)
+            return False
+        return True
+
+    def release(self, failure: BaseException | None) -> None:
+        """Hand the held errors to the handler, but those that repeat the run's expected failure (the command's last
+        line says it, once)."""
+        for record in self.held:
+            if failure is None or not repeats(record, failure):
+                self.handler.handle(record)
+        self.held.clear()
+
+
+def repeats(record: logging.LogRecord, failure: BaseException) -> bool:
+    """Return whether a record says an expected failure again: its type and message, as Prefect's run logs quote them."""
+    said = " ".join(str(failure).split())
+    if not is_expected(failure) or not said:
+        return False
+    text = " ".join(record.getMessage().split())
+    return type(failure).__name__ in text and (said in text or repr(str(failure))[1:-1] in text)
 
 
 @contextmanager
-def summary_repeats_off_console(verbose: bool) -> Iterator[None]:
-    """Keep the warnings a run's summary repeats off the console handlers while the block runs (all of them when verbose)."""
+def said_once_on_console(verbose: bool) -> Iterator[None]:
+    """Say each thing of a command's flow run once on the console while the block runs: the warnings its summary
+    repeats and the errors that repeat its expected failure stay in the log file and the Prefect UI (verbose: all
+    of it on the console too, as it comes)."""
     consoles = [] if verbose else [h for h in logging.getLogger().handlers if not isinstance(h, logging.FileHandler)]
-    repeated = RepeatedInSummary()
-    for handler in consoles:
-        handler.addFilter(repeated)
+    filters = [SaidOnceOnConsole(handler) for handler in consoles]
+    for each in filters:
+        each.handler.addFilter(each)
+    failure: BaseException | None = None
     try:
         yield
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        for handler in consoles:
-            handler.removeFilter(repeated)
+        for each in filters:
+            each.handler.removeFilter(each)
+            each.release(failure)
 
 
 class OneLine(logging.Formatter):

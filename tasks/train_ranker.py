@@ -31,7 +31,7 @@ def published_run(run_id: str | None) -> RunRef:
     lake, warehouse = lake_for(cfg), warehouse_for(cfg)
     found = warehouse.published_run(run_id) if run_id else warehouse.latest_published()
     if found is None:
-        raise UsageError(f"no published run {run_id or ''} to train the ranker on: run the nightly flow first")
+        raise UsageError(f"no published run{f' {run_id}' if run_id else ''} to train the ranker on: run the nightly flow first")
     return run_ref(saved_run(lake, found.run_date, found.run_id), cfg)
 
 

@@ -14,7 +14,7 @@ import typer
 
 from core.collector import imports_held
 from core.errors import NightscoreError, RunInterrupted, UsageError
-from core.logs import summary_repeats_off_console
+from core.logs import said_once_on_console
 from core.run_context import parse_run_date, run_inputs
 from core.settings import Settings, settings_scope
 from core.stop import install_signal_handlers
@@ -61,7 +61,7 @@ def run_nightly(
 
     api = server.result()
     install_signal_handlers()
-    with api_scope(api), interruptible(), settings_scope(cfg), progress_bar(), summary_repeats_off_console(INVOCATION.verbose):
+    with api_scope(api), interruptible(), settings_scope(cfg), progress_bar(), said_once_on_console(INVOCATION.verbose):
         published = nightly(params)
     typer.echo(summary_text(published, time.monotonic() - INVOCATION.started, **run_notes(cfg, published)))
     typer.echo(next_steps(home))
@@ -112,6 +112,6 @@ def run_train_ranker(
     with imports_held():
         from flows.train_ranker import train_ranker  # imported here for start-up speed: Prefect loads in seconds
 
-    with api_scope(server.result()), settings_scope(cfg):
+    with api_scope(server.result()), settings_scope(cfg), said_once_on_console(INVOCATION.verbose):
         trained = train_ranker(TrainRankerParams(run_id=run_id))
     typer.echo(trained_summary(trained))

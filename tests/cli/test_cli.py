@@ -119,7 +119,16 @@ def test_unreadable_input_exits_3_naming_the_file(
     errors = [line for line in done.stderr.splitlines() if line.startswith("nightscore: error")]
     assert len(errors) == 1 and str(bad) in errors[0] and "item_id" in errors[0]
     assert "Traceback" not in done.stderr  # not even the one Prefect's engine logs for the failed task
+    assert done.stderr.count("\n") == 1, done.stderr  # Prefect's lines that repeat it are in the run's log file
     assert query_json("select run_id from latest_run", home) == before
+
+
+def test_train_ranker_without_a_published_run_is_one_usage_line(tmp_path: Path, prefect_server: str) -> None:
+    home = tmp_path / "home"
+    done = nightscore("run", "train-ranker", home=home, settings={"PREFECT_API_URL": prefect_server})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "nightscore: error: no published run to train the ranker on: run the nightly flow first\n"
+    assert "Encountered exception during execution: UsageError('no published run to train" in command_logs(home)
 
 
 def test_sql_error_and_refused_statements_exit_2_with_one_line(
