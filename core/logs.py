@@ -74,7 +74,10 @@ def repeats(record: logging.LogRecord, failure: BaseException) -> bool:
     said = " ".join(str(failure).split())
     if not is_expected(failure) or not said:
         return False
-    text = " ".join(record.getMessage().split())
+    try:
+        text = " ".join(record.getMessage().split())
+    except (TypeError, ValueError):  # arguments that do not format: the handler reports the record, as it would have
+        return False
     return type(failure).__name__ in text and (said in text or repr(str(failure))[1:-1] in text)
 
 

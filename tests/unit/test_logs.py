@@ -13,7 +13,7 @@ import pytest
 from prefect.states import Failed
 
 from core.errors import ContractViolation, InputUnreadable, NightscoreError, RunInterrupted, UsageError, exit_code_for
-from core.logs import IN_SUMMARY, OneLine, RunNameFilter, configure_logging, run_formatter, said_once_on_console
+from core.logs import IN_SUMMARY, OneLine, RunNameFilter, configure_logging, repeats, run_formatter, said_once_on_console
 
 FORMAT = "%(name)s%(run)s: %(message)s"
 
@@ -164,3 +164,11 @@ def test_a_runs_error_is_shown_when_the_run_ends_and_at_once_after_it(tmp_path: 
         assert "reset by peer" in console.getvalue()
         run_error(f"Encountered exception during execution: {UsageError(NO_RUN)!r}", UsageError(NO_RUN))
         assert NO_RUN in console.getvalue()
+
+
+def test_a_record_whose_arguments_do_not_format_repeats_nothing() -> None:
+    record = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "UsageError: %d of %d", ("x",), None)
+    assert not repeats(record, UsageError("x"))
+    assert repeats(
+        logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "UsageError(%r)", ("x",), None), UsageError("x")
+    )
