@@ -359,13 +359,15 @@ def progress_bar(enabled: bool | None = None) -> Iterator[None]:
 
 
 def next_steps(home: Path | None) -> str:
-    """Return the commands worth trying after a run: query its tables, list the runs, serve its candidates."""
+    """Return the commands worth trying after a run: query its tables, list the runs, serve its candidates (on this
+    host without API keys: `serve` refuses to start without keys unless told so; the README shows it with keys)."""
     where = f" --home {home}" if home is not None else ""
     return (
         "next:\n"
         f'  nightscore query "select topic, count(*) from latest_item_scores group by topic"{where}\n'
         f"  nightscore runs{where}\n"
-        f"  nightscore serve{where}   # GET /v1/users/<user_id>/recommendations; API docs at /docs"
+        f"  NIGHTSCORE_SERVING_ALLOW_NO_KEYS=true nightscore serve{where}   # on 127.0.0.1 without API keys (README: "
+        "The online ranker); GET /v1/users/<user_id>/recommendations, API docs at /docs"
     )
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import polars as pl
 import pytest
 
 from tests.helpers import CLI_CALIBRATION, calibration_environment, command_logs
+from tests.servers import free_port
 
 CLI = [str(Path(sys.executable).with_name("nightscore"))]
 
@@ -89,6 +93,39 @@ def test_real_model_topics_match_the_generator_labels(demo_run: tuple[Path, Path
     scored = pl.DataFrame(query_json("select item_id, topic from latest_item_scores", home))
     accuracy = scored.join(truth, on="item_id", suffix="_true").select((pl.col("topic") == pl.col("topic_true")).mean()).item()
     assert accuracy > 0.8  # zero-shot on label descriptions; the run never saw the generator's topic column
+
+
+def test_the_serve_command_the_run_suggests_starts_and_serves_its_candidates(
+    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """The summary's `next:` serve line, run as printed (on a free port), answers with the run's candidates."""
+    home, _, run = demo_run
+    line = next(line for line in run.stdout.splitlines() if "nightscore serve" in line)
+    words = shlex.split(line.split("#")[0])
+    at = words.index("nightscore")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")} | dict(w.split("=", 1) for w in words[:at])
+    port = free_port()
+    server = subprocess.Popen([*CLI, *words[at + 1 :], "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    user = query_json("select user_id from latest_user_candidates limit 1", home)[0]["user_id"]
+    try:
+        answer = answered(f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?n=5", server)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert answer.status_code == 200 and len(answer.json()["items"]) == 5 and answer.json()["fallback"] is None, answer.text
+
+
+def answered(url: str, server: subprocess.Popen[str], timeout_s: float = 120) -> httpx.Response:
+    """Return the first answer to GET url once the server is up; fail with its stderr if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"nightscore serve exited {server.returncode}: {server.stderr.read() if server.stderr else ''}")
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            time.sleep(0.25)
+    pytest.fail("nightscore serve did not answer")
 
 
 def test_query_formats(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
