@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import polars as pl
 import pytest
 
 from tests.helpers import CLI_CALIBRATION, calibration_environment, command_logs
-from tests.servers import free_port
+from tests.servers import free_port, http_answers, serving
 
 CLI = [str(Path(sys.executable).with_name("nightscore"))]
 
@@ -96,7 +95,7 @@ def test_real_model_topics_match_the_generator_labels(demo_run: tuple[Path, Path
 
 
 def test_the_serve_command_the_run_suggests_starts_and_serves_its_candidates(
-    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]],
+    demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
     """The summary's `next:` serve line, run as printed (on a free port), answers with the run's candidates."""
     home, _, run = demo_run
@@ -104,28 +103,12 @@ def test_the_serve_command_the_run_suggests_starts_and_serves_its_candidates(
     words = shlex.split(line.split("#")[0])
     at = words.index("nightscore")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSCORE_")} | dict(w.split("=", 1) for w in words[:at])
-    port = free_port()
-    server = subprocess.Popen([*CLI, *words[at + 1 :], "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{free_port()}"
     user = query_json("select user_id from latest_user_candidates limit 1", home)[0]["user_id"]
-    try:
-        answer = answered(f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?n=5", server)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    command = [*CLI, *words[at + 1 :], "--port", url.rsplit(":", 1)[1]]
+    with serving(command, env, tmp_path / "serve.log", lambda: http_answers(f"{url}/readyz"), 120, "nightscore serve", 30):
+        answer = httpx.get(f"{url}/v1/users/{user}/recommendations?n=5", timeout=30)
     assert answer.status_code == 200 and len(answer.json()["items"]) == 5 and answer.json()["fallback"] is None, answer.text
-
-
-def answered(url: str, server: subprocess.Popen[str], timeout_s: float = 120) -> httpx.Response:
-    """Return the first answer to GET url once the server is up; fail with its stderr if it exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"nightscore serve exited {server.returncode}: {server.stderr.read() if server.stderr else ''}")
-        try:
-            return httpx.get(url, timeout=5)
-        except httpx.TransportError:
-            time.sleep(0.25)
-    pytest.fail("nightscore serve did not answer")
 
 
 def test_query_formats(demo_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
