@@ -154,6 +154,22 @@ def test_a_run_without_interactions_publishes_item_scores_and_no_candidates(tiny
     assert "not enough data to gate" in summary_text(published)
 
 
+def test_a_log_whose_interactions_share_one_timestamp_publishes_min_k_unseen_candidates_per_user(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """A log exported by the day: the time split holds every interaction out, so the sources fit an empty history."""
+    folder = demo_inputs(tmp_path / "in", items=60, users=12, seed=1)
+    interactions = pl.read_parquet(folder / "interactions.parquet")
+    interactions.with_columns(pl.col("ts").dt.truncate("1d").min()).write_parquet(folder / "interactions.parquet")
+    published = run(folder, "2026-11-30")
+    assert published.record.status == "published" and published.record.rows_scored == 60
+    got = warehouse_for(load_settings()).query(
+        "SELECT user_id, count(DISTINCT item_id) FROM latest_user_candidates GROUP BY user_id"
+    )
+    assert dict(got.rows) == {user: n for user, n in owed(folder, 20).items() if n}
+    assert "not enough data to gate" in summary_text(published)
+
+
 def worst_first(rows: np.ndarray, scores: np.ndarray, is_new: np.ndarray, k: int, quota: float) -> np.ndarray:
     """Return the slots of each user's k WORST union entries: a fusion broken on purpose."""
     return select_slots(rows, np.where(rows >= 0, -scores, 0.0), is_new, k, 0.0)

@@ -173,6 +173,14 @@ def test_als_asked_for_more_items_than_a_user_has_unseen_returns_only_unseen_one
     assert (lists.rows[0, 3:] == -1).all() and np.isneginf(lists.scores[0, 3:]).all()
 
 
+def test_als_fitted_on_a_history_without_interactions_returns_empty_lists() -> None:
+    """Every interaction held out (a log of one interaction per user): no item is warm, so no slot is filled."""
+    items, inter = _frames([("u1", "a", "view", 5), ("u2", "b", "view", 4)], ITEMS)
+    _, _, history = _history(items, inter, keep_users=[])
+    lists = fit_als(history, AlsParams(factors=4, iterations=2, seed=3, threads=1)).recommend(np.arange(2), 3)["als"]
+    assert lists.rows.shape == (2, 3) and (lists.rows == -1).all() and np.isneginf(lists.scores).all()
+
+
 def test_als_rejects_an_unknown_confidence() -> None:
     _, history = _block_case()
     with pytest.raises(ValueError, match="confidence"):

@@ -94,6 +94,8 @@ class AlsSource:
         """Return {als: each user's top-n unseen items by factor dot product}."""
         out = empty_lists(len(users), n)
         width = min(n, self.seen.shape[1] - len(self.cold_items))
+        if width <= 0:  # no item has an interaction (a log held out whole): implicit cannot select zero columns
+            return {self.name: out}
         for start in range(0, len(users), self.score_chunk):
             part = users[start : start + self.score_chunk]
             ids, scores = self.model.recommend(
