@@ -62,6 +62,7 @@ DATASETS = ("items", "interactions", "item_scores", "user_candidates")
 PARAM = "$param"
 FULL = "full"
 TOPIC_SHARE = "topic_share:"
+HINT = "hint"  # an expectation's meta: what a failure is measured against and the setting that moves it
 DOCS_SITE = "nightscore"
 EXAMPLES = 5  # offending values quoted per failure
 # Columns GX quotes next to each offending value, so a failure names the row it found.
@@ -104,6 +105,7 @@ class ExpectationFailure:
     column: str | None
     observed: object
     details: str
+    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,8 @@ def suite_params(previous: dict[str, float] | None, params: SuiteParams) -> dict
         "row_count_max": None,
         "topic_share_tolerance": params.topic_share_tolerance,
         "min_user_coverage": params.min_user_coverage,
+        "row_count_band": params.row_count_band,
+        "mean_topic_score_tolerance": params.mean_topic_score_tolerance,
     }
     values.update(_previous_params(previous or {}, params))
     if params.expected_users is not None:
@@ -184,9 +188,11 @@ def _previous_params(previous: dict[str, float], params: SuiteParams) -> dict[st
     values: dict[str, Any] = {}
     if "row_count" in previous:
         count = previous["row_count"]
+        values["previous_row_count"] = int(count)
         values["row_count_min"] = max(1, math.floor(count * (1 - params.row_count_band)))
         values["row_count_max"] = math.ceil(count * (1 + params.row_count_band))
     if "mean_topic_score" in previous:
+        values["previous_mean_topic_score"] = previous["mean_topic_score"]
         values["mean_topic_score_min"] = previous["mean_topic_score"] - params.mean_topic_score_tolerance
         values["mean_topic_score_max"] = previous["mean_topic_score"] + params.mean_topic_score_tolerance
     shares = {k.removeprefix(TOPIC_SHARE): v for k, v in previous.items() if k.startswith(TOPIC_SHARE)}
@@ -206,7 +212,7 @@ def suite_expectations(dataset: str, values: dict[str, Any]) -> dict[str, list[E
     tables: dict[str, list[Expectation]] = {}
     for index, item in enumerate(load_suite_file(dataset)["expectations"]):
         where = f"{dataset} suite, expectation {index} ({item.get('type')})"
-        meta = dict(item.get("meta", {}))
+        meta = _with_hint(dict(item.get("meta", {})), values)
         if any(values.get(name) is None for name in meta.get("requires", [])):
             logger.debug("%s left out: this run lacks %s", where, meta["requires"])
             continue
@@ -221,6 +227,15 @@ def suite_expectations(dataset: str, values: dict[str, Any]) -> dict[str, list[E
         except Exception as exc:  # GX raises pydantic and its own errors alike for a bad configuration
             raise UsageError(f"{where} is invalid: {exc}") from exc
     return tables
+
+
+def _with_hint(meta: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """Return meta with its hint's {placeholders} filled from the run's values, or without it when one is missing."""
+    hint = meta.pop(HINT, None)
+    try:
+        return meta | {HINT: hint.format_map(values)} if hint else meta
+    except KeyError:  # compared with a previous run this run does not have
+        return meta
 
 
 def _fill(value: Any, values: dict[str, Any], where: str) -> Any:
@@ -401,6 +416,7 @@ def _failure(result: ExpectationValidationResult, table: str) -> ExpectationFail
         column,
         _observed(result.result or {}),
         f"{table} table; expected {expected}" if expected else f"{table} table",
+        (config.meta or {}).get(HINT),
     )
 
 
@@ -445,6 +461,6 @@ def render_failures(report: DatasetReport) -> str:
     head = f"{report.dataset} (suite v{report.suite_version})"
     return "\n".join(
         f"{head}: {f.expectation} on {f.column or 'the table'} failed: "
-        f"observed {json.dumps(f.observed, default=str)}; {f.details}"
+        f"observed {json.dumps(f.observed, default=str)}; {f.details}" + (f" ({f.hint})" if f.hint else "")
         for f in report.failures
     )

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from core.errors import UsageError
+from core.settings import flat_names
 from data_contracts.datasets import (
     DATASETS,
     DatasetReport,
@@ -204,6 +205,40 @@ def test_row_count_outside_the_band_of_the_previous_run_fails(
     else:
         assert only_failure(report, "expect_table_row_count_to_be_between", None) == 400
         assert "observed 400" in render_failures(report)
+
+
+DRIFTED: dict[str, tuple[str, Any, str]] = {  # a case: (dataset, how the frame changes, what the line must say)
+    "row count": ("items", lambda f: f.head(100), "previous published run had 300 rows; NIGHTSCORE_ROW_COUNT_BAND=0.5"),
+    "mean topic_score": (
+        "item_scores",
+        lambda f: f.with_columns(pl.col("topic_score") * 0.5),
+        "previous published run's mean topic_score was 0.4874; NIGHTSCORE_MEAN_TOPIC_SCORE_TOLERANCE=0.1",
+    ),
+    "topic shares": (
+        "item_scores",
+        lambda f: f.with_columns(pl.lit("sports").alias("topic")),
+        "since the previous published run; NIGHTSCORE_TOPIC_SHARE_TOLERANCE=0.1",
+    ),
+    "coverage": ("user_candidates", lambda f: f.head(40 * K), "50 users were owed candidates; NIGHTSCORE_MIN_USER_COVERAGE=0.9"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DRIFTED))
+def test_a_drift_failure_says_what_it_compares_with_and_the_setting_that_allows_more(
+    frames: dict[str, pl.DataFrame], case: str
+) -> None:
+    """A catalogue that grows or a model that moves fails the run: the line says against what, and what to change."""
+    dataset, change, said = DRIFTED[case]
+    report = validate_dataset(dataset, change(frames[dataset]), dataset_stats(dataset, frames[dataset]), PARAMS)
+    line = render_failures(report)
+    assert not report.success and line.count("\n") == 0 and said in line, line
+    for name in re.findall(r"NIGHTSCORE_[A-Z0-9_]+", line):
+        assert name.removeprefix("NIGHTSCORE_").lower() in flat_names(), name
+
+
+def test_a_first_runs_failure_names_no_previous_run(frames: dict[str, pl.DataFrame]) -> None:
+    line = render_failures(validate_dataset("items", frames["items"].clear(), None, PARAMS))
+    assert "observed 0" in line and "previous" not in line and "NIGHTSCORE_" not in line
 
 
 def test_empty_frame_fails_the_first_run_row_count(frames: dict[str, pl.DataFrame]) -> None:
