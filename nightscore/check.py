@@ -13,6 +13,9 @@ from data_contracts.datasets import DatasetReport, SuiteParams, render_failures,
 from data_contracts.inputs import INTERACTION_COLUMNS, ITEM_COLUMNS, InputRules, validate_interactions, validate_items
 from data_contracts.quarantine import MAY_BE_EMPTY, REQUIRED_COLUMNS, require_columns
 from storage.lake import Lake
+from storage.published_stats import PublishedStats, published_stats
+from storage.warehouse.base import Warehouse
+from storage.warehouse.runs import PublishedRun
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class InputCheck:
     rows: dict[str, int]
     quarantined: dict[str, int]
     suites: list[DatasetReport]
+    compared_with: PublishedRun | None = None  # the published run the suites held the files to, as a run would
 
     def passed(self, max_share: float) -> bool:
         """Return whether every dataset stays within the quarantine share and every suite passed."""
@@ -39,9 +43,17 @@ def _read(lake: Lake, uri: str, dataset: str, columns: dict[str, pl.DataType]) -
 
 
 def check_inputs(
-    lake: Lake, settings: Settings, items_uri: str, interactions_uri: str, now: datetime | None = None
+    lake: Lake,
+    settings: Settings,
+    items_uri: str,
+    interactions_uri: str,
+    now: datetime | None = None,
+    warehouse: Warehouse | None = None,
 ) -> InputCheck:
-    """Return the row and dataset contract results for items and interactions files (nothing is written)."""
+    """Return the row and dataset contract results for items and interactions files (nothing is written).
+
+    With a warehouse, the dataset suites compare the files with its latest published run, as the next run would.
+    """
     now = now or datetime.now(UTC)
     rules = InputRules(
         not_after=now + timedelta(hours=settings.contracts.future_tolerance_hours),
@@ -58,13 +70,15 @@ def check_inputs(
         .agg(pl.len().alias("failures"), pl.col("value").first().alias("example"))
         .sort("failures", descending=True)
     )
-    params = SuiteParams.from_settings(settings)
-    suites = [validate_dataset("items", items, None, params), validate_dataset("interactions", interactions, None, params)]
+    params, valid = SuiteParams.from_settings(settings), {"items": items, "interactions": interactions}
+    previous = published_stats(lake, warehouse, valid) if warehouse else PublishedStats(None, dict.fromkeys(valid))
+    suites = [validate_dataset(name, frame, previous.stats[name], params) for name, frame in valid.items()]
     return InputCheck(
         by_rule,
         {"items": raw_items.height, "interactions": raw_inter.height},
         {"items": raw_items.height - items.height, "interactions": raw_inter.height - interactions.height},
         suites,
+        previous.run,
     )
 
 
@@ -80,6 +94,12 @@ def check_report(check: InputCheck, max_share: float) -> str:
             f"{dataset}: {check.quarantined[dataset]} of {rows} rows would be quarantined "
             f"({check.quarantined[dataset] / rows:.1%}; limit {max_share:.0%})"
         )
+    run = check.compared_with
+    lines.append(
+        f"dataset suites compared with the published run {run.run_id} ({run.run_date})"
+        if run
+        else "dataset suites: no published run to compare with (a first run's checks)"
+    )
     lines += [render_failures(r) for r in check.suites if not r.success]
     lines.append("PASS" if check.passed(max_share) else "FAIL: a run on these files would stop with exit code 3")
     return "\n".join(lines)

@@ -20,16 +20,15 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from core.errors import ContractViolation
 from core.records import RunRef
-from core.run_context import run_folder
 from data_contracts.dataset_view import DatasetView
 from data_contracts.datasets import DatasetReport, SuiteParams, render_failures, validate_dataset
 from storage.lake import Lake
+from storage.published_stats import published_stats
 from storage.warehouse.base import Warehouse
 
 log = logging.getLogger(__name__)
@@ -42,19 +41,6 @@ class SuiteResults:
     data_docs: dict[str, str]
     suite_versions: dict[str, str]
     seconds: float
-
-
-def previous_stats(lake: Lake, warehouse: Warehouse, datasets: Iterable[str]) -> dict[str, dict[str, float] | None]:
-    """Return each dataset's stats from the latest published run (None for each on a first run).
-
-    One warehouse lookup for all of them: every dataset of a gate is compared with the same run, even when
-    another run publishes meanwhile.
-    """
-    latest = warehouse.latest_published()
-    if latest is None:
-        return dict.fromkeys(datasets)
-    folder = run_folder(lake.uri, latest.run_date, latest.run_id)
-    return {dataset: lake.read_json(f"{folder}/contracts/{dataset}.stats.json") for dataset in datasets}
 
 
 def docs_uri(lake: Lake, run: RunRef, dataset: str) -> str:
@@ -119,7 +105,7 @@ def gate(
     """Validate each dataset's view against its suite; raise ContractViolation naming each failed expectation."""
     started, params = time.perf_counter(), SuiteParams.from_settings(run.settings, expected_users)
     docs, versions, failed = {}, {}, []
-    previous = previous_stats(lake, warehouse, views)
+    previous = published_stats(lake, warehouse, views).stats
     for dataset, view in views.items():
         report = validate_into_lake(lake, run, dataset, view, previous[dataset], params)
         lake.write_json(report.statistics, run.path(f"contracts/{dataset}.stats.json"))

@@ -43,9 +43,9 @@ def contracts_check(
     """Validate input files against the contracts without scoring; exit 3 when a run would refuse them."""
     cfg = command_settings(home, "contracts-check")
     from nightscore.check import check_inputs, check_report  # imported here for start-up speed: pandera and GX load slowly
-    from storage.resources import lake_for
+    from storage.resources import lake_for, warehouse_for
 
-    check = check_inputs(lake_for(cfg), cfg, items, interactions)
+    check = check_inputs(lake_for(cfg), cfg, items, interactions, warehouse=warehouse_for(cfg))
     typer.echo(check_report(check, cfg.contracts.quarantine_max_share))
     if not check.passed(cfg.contracts.quarantine_max_share):
         raise ContractViolation("the input contracts failed (table above): a run on these files would stop")

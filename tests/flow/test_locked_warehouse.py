@@ -15,6 +15,7 @@ from flows.nightly import nightly
 from flows.params import NightlyParams
 from nightscore import cli
 from storage.lake import Lake
+from storage.published_stats import published_stats
 from storage.resources import cache_for, lake_for, warehouse_for
 from storage.warehouse.base import Warehouse
 from storage.warehouse.runs import PublishedRun
@@ -22,7 +23,6 @@ from tasks.on_demand import latest_inputs
 from tasks.plan import previous_vectors
 from tasks.report import previous_scores
 from tasks.start import run_ref, saved_run
-from tasks.suites import previous_stats
 from tests.helpers import demo_inputs
 from tests.storage.test_warehouse import hold_write_lock
 
@@ -35,7 +35,7 @@ def params(folder: Path, run_date: str) -> NightlyParams:
 
 
 LOOKUPS = {
-    "suites: previous stats": lambda lake, wh, run: previous_stats(lake, wh, ["items", "interactions"]),
+    "suites: previous stats": lambda lake, wh, run: published_stats(lake, wh, ["items", "interactions"]),
     "plan: reusable vectors": lambda lake, wh, run: previous_vectors(lake, wh),
     "on-demand: latest inputs": lambda lake, wh, run: latest_inputs(lake, wh),
     "report: previous scores": lambda lake, wh, run: previous_scores(lake, wh, run),
@@ -91,7 +91,7 @@ def test_a_gate_reads_every_datasets_previous_stats_from_one_lookup(
 
     monkeypatch.setattr(warehouse, "latest_published", counted)
 
-    stats = previous_stats(lake, warehouse, DATASETS)
+    stats = published_stats(lake, warehouse, DATASETS).stats
     folder = run_folder(lake.uri, "2026-11-29", first.run_id)
     assert stats == {dataset: lake.read_json(f"{folder}/contracts/{dataset}.stats.json") for dataset in DATASETS}
     assert all(stats.values()) and lookups == [None]  # one lookup: every dataset compared with the same run

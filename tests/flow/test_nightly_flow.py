@@ -9,9 +9,10 @@ import pytest
 
 from core.errors import ContractViolation, InputUnreadable
 from core.settings import load_settings
+from nightscore.check import check_inputs, check_report
 from nightscore.demo import generate_demo_data
 from storage.candidate_payload import decode_entry
-from storage.resources import cache_for, warehouse_for
+from storage.resources import cache_for, lake_for, warehouse_for
 
 RUN_DATE = "2026-11-30"
 
@@ -117,6 +118,28 @@ def test_failed_contract_publishes_nothing_and_keeps_previous(tiny: Path, tmp_pa
         == 40
     )
     assert cache.read(user) == before and cache.current() == good.run_id
+
+
+def test_contracts_check_compares_with_the_published_run_as_a_run_does(tiny: Path, tmp_path: Path) -> None:
+    """A catalogue grown past the row-count band: `contracts check` refuses it as the next run does, and says why."""
+    items, interactions = generate_demo_data(120, 30, seed=3)
+    first = nightly(run_date=RUN_DATE, **inputs(write_inputs(tmp_path / "first", items, interactions)))
+    cfg = load_settings()
+    grown = write_inputs(tmp_path / "grown", *generate_demo_data(300, 30, seed=3))
+    check = check_inputs(lake_for(cfg), cfg, *grown, warehouse=warehouse_for(cfg))
+    report = check_report(check, cfg.contracts.quarantine_max_share)
+    assert not check.passed(cfg.contracts.quarantine_max_share), report
+    assert f"compared with the published run {first.run_id} (2026-11-30)" in report
+    assert "the previous published run had 120 rows; NIGHTSCORE_ROW_COUNT_BAND=0.5" in report
+    with pytest.raises(ContractViolation, match="previous published run had 120 rows"):
+        nightly(run_date="2026-12-01", **inputs(grown))
+    same = check_inputs(lake_for(cfg), cfg, *write_inputs(tmp_path / "same", items, interactions), warehouse=warehouse_for(cfg))
+    assert same.passed(cfg.contracts.quarantine_max_share), check_report(same, cfg.contracts.quarantine_max_share)
+
+
+def inputs(paths: tuple[str, str]) -> dict[str, str]:
+    """Return the nightly flow's input parameters of (items, interactions) paths."""
+    return {"items_uri": paths[0], "interactions_uri": paths[1]}
 
 
 def test_unreadable_input_fails_with_the_file_named(tiny: Path, tmp_path: Path) -> None:
