@@ -218,6 +218,7 @@ def summary_text(
         f" {_num(r.popularity_recall_at_k)}), ranked NDCG@10 {_num(r.ndcg_at_10)} (popularity {_num(r.popularity_ndcg_at_10)}),"
         f" cold-item recall@K {_num(r.cold_recall_at_k)}; ranker {r.ranker_kind or 'none'}",
         *candidate_notes(r),
+        *stage_two_note(r, published.quality),
         *quality_table(published.quality),
         "  stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in published.stage_seconds.items()),
     ]
@@ -268,6 +269,18 @@ def candidate_notes(r: RunRecord) -> list[str]:
             f"the candidates are {r.candidate_fallback}'s list"
         )
     return lines
+
+
+def stage_two_note(r: RunRecord, quality: Sequence[MethodQuality]) -> list[str]:
+    """Return the note on a stage two that was trained but not served (it lost to the fused order), else nothing."""
+    ndcg = {q.method: q.ndcg_at_10 for q in quality if q.ndcg_at_10 is not None}
+    ranked = [v for method, v in ndcg.items() if method.startswith("ranked_")]
+    if r.ranker_version or not ranked or "fused" not in ndcg or max(ranked) >= ndcg["fused"]:
+        return []
+    return [
+        f"  note: stage two ranked held-out users worse than the fused order (NDCG@10 {max(ranked):.3f} against"
+        f" {ndcg['fused']:.3f}): no ranker is served, the candidates keep the fused order"
+    ]
 
 
 def quality_table(quality: Sequence[MethodQuality]) -> list[str]:

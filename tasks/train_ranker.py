@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 
+import polars as pl
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from core.errors import UsageError
+from core.errors import ContractViolation, UsageError
 from core.records import RunRef, TrainedRanker
 from core.settings import current_settings
 from models.recommender.candidate_stage import evaluate, tune
-from models.recommender.evaluation import time_split
+from models.recommender.evaluation import metric_value, time_split
 from models.recommender.ranker_models import scorer_to_bytes
 from models.recommender.sources.base import encode_run
 from storage.artifacts import publish_scorer, ranker_folder, read_serving, rebind_ranker
@@ -57,7 +58,7 @@ def train(run: RunRef) -> TrainedRanker:
     tuned = tune(catalogue, encoded, chunks, config, evaluation)
     report = evaluate(catalogue, encoded, chunks, config, evaluation, tuned)
     if report.scorer is None:
-        raise UsageError(f"run {run.run_id}: no held-out interaction to train a ranker on")
+        raise _not_served(run.run_id, report.metrics)
     if feature_set_id(report.scorer.feature_names) != serving.get("feature_set"):
         raise UsageError(f"the settings now give run {run.run_id}'s candidates another feature set: run the nightly flow")
     version = publish_scorer(lake, *scorer_to_bytes(report.scorer, {"trained_on": run.run_id}))
@@ -70,3 +71,14 @@ def train(run: RunRef) -> TrainedRanker:
     log.info("ranker %s (%s) trained on %s: %s", version, report.chosen, run.run_id, metrics)
     previous = serving.get("ranker_version")
     return TrainedRanker(version, ranker_folder(lake, version), run.run_id, metrics, time.perf_counter() - started, previous)
+
+
+def _not_served(run_id: str, metrics: pl.DataFrame) -> UsageError | ContractViolation:
+    """Return why the evaluation kept no ranker: no labelled row to learn from, or both kinds lost to the fused order."""
+    ranked = [metric_value(metrics, m, "ndcg_at_10") for m in metrics.get_column("method").unique() if m.startswith("ranked_")]
+    if not ranked:
+        return UsageError(f"run {run_id}: no held-out interaction to train a ranker on")
+    return ContractViolation(
+        f"run {run_id}: the retrained ranker ranks held-out users worse than the fused order (NDCG@10 {max(ranked):.4f}"
+        f" against {metric_value(metrics, 'fused', 'ndcg_at_10'):.4f}): the run keeps the ranker it serves"
+    )

@@ -430,7 +430,7 @@ def evaluate(
     methods |= {f"ranked_{kind}": rerank(fused.rows, fused_features, scorer) for kind, scorer in sorted(tuned.scorers.items())}
     measured = {name: metrics_of(rows, split, catalogue.n_items, config.k) for name, rows in methods.items()}
     ranked = {name.removeprefix("ranked_"): m for name, m in measured.items() if name.startswith("ranked_")}
-    chosen, refit = _refit(ranked, fused, fused_features, split, config)
+    chosen, refit = _refit(ranked, measured["fused"]["ndcg_at_10"], fused, fused_features, split, config)
     if chosen:
         measured["ranked"], methods["ranked"] = ranked[chosen], methods[f"ranked_{chosen}"]
     frames = [metric_rows(name, m) for name, m in measured.items()]
@@ -439,14 +439,26 @@ def evaluate(
 
 
 def _refit(
-    ranked: dict[str, dict[str, float]], fused: Fused, features: np.ndarray, split: Split, config: CandidateConfig
+    ranked: dict[str, dict[str, float]],
+    fused_ndcg: float,
+    fused: Fused,
+    features: np.ndarray,
+    split: Split,
+    config: CandidateConfig,
 ) -> tuple[str | None, Scorer | None]:
-    """Return the kind with the better held-out NDCG@10 and that kind refitted on this split's rows."""
+    """Return the kind with the better held-out NDCG@10 and that kind refitted on this split's rows.
+
+    (None, None) when neither kind orders the held-out users' candidates better than the fused order does (or
+    has no labelled row to learn from): a stage two that loses to the list it re-ranks is not served.
+    """
     rows = labelled_rows(fused.rows, split.users, features, split)
     if not ranked or not rows.y.any():
         return None, None
     ndcg = {kind: metrics["ndcg_at_10"] for kind, metrics in ranked.items()}
     chosen = choose_scorer(ndcg)
+    if ndcg[chosen] < fused_ndcg:
+        log.info("stage two not served: held-out NDCG@10 %s against the fused order's %.4f", ndcg, fused_ndcg)
+        return None, None
     refit = (train_lambdarank if chosen == "lightgbm" else train_mlp)(rows, feature_names(fused.names), config.ranker)
     refit.metrics = {**{f"ndcg_at_10_{k}": v for k, v in ndcg.items()}, "held_out_users": float(len(split.users))}
     return chosen, refit

@@ -5,7 +5,8 @@ when the (user, item) pair is relevant in that split (a held-out item the user h
 train on the same rows; a share of the users (by a seeded permutation) is kept aside for LightGBM's early
 stopping. The MLP is models.ranker's RankerNet (pointwise binary cross-entropy, standardised features),
 exported to numpy. rerank orders each user's candidates by model score (ties: the fused order), and the
-kind with the better NDCG@10 on another split is the one to publish (choose_scorer).
+kind with the better NDCG@10 on another split is the one to publish (choose_scorer), when it beats the fused
+order itself there (models/recommender/candidate_stage.py).
 """
 
 from __future__ import annotations

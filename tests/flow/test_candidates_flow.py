@@ -13,7 +13,8 @@ from core.errors import ContractViolation
 from core.records import Published
 from core.settings import load_settings
 from flows.nightly import nightly
-from flows.params import NightlyParams
+from flows.params import NightlyParams, TrainRankerParams
+from flows.train_ranker import train_ranker
 from models.recommender import candidate_stage
 from models.recommender.fusion import FusionParams, select_slots, source_only
 from nightscore.output import summary_text
@@ -73,6 +74,32 @@ def test_a_run_records_every_method_on_held_out_interactions_and_serves_its_own_
     assert entry.feature_set == serving["feature_set"] and entry.features.shape[1] == len(serving["feature_names"])
     ranked = warehouse.query("SELECT item_id FROM latest_user_candidates WHERE user_id = ? ORDER BY rank", [user]).rows
     assert entry.item_ids == [r[0] for r in ranked]
+
+
+def reversed_order(fused_rows: np.ndarray, features: np.ndarray, scorer: object) -> np.ndarray:
+    """Return each user's filled candidates in reverse fused order: a stage two broken on purpose."""
+    out = fused_rows.copy()
+    for row in out:
+        filled = int((row >= 0).sum())
+        row[:filled] = row[:filled][::-1]
+    return out
+
+
+def test_a_stage_two_that_ranks_held_out_users_worse_than_the_fused_order_is_not_served(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(candidate_stage, "rerank", reversed_order)  # both kinds, as measured on the held-out users
+    published = run(demo_inputs(tmp_path / "in", items=400, users=120, seed=2), "2026-11-30")
+    ndcg = {q.method: q.ndcg_at_10 for q in published.quality}
+    assert ndcg["fused"] is not None and max(ndcg["ranked_lightgbm"] or 0, ndcg["ranked_mlp"] or 0) < ndcg["fused"]
+    assert published.record.ranker_kind == "none" and published.record.ranker_version is None and "ranked" not in ndcg
+    assert published.record.ndcg_at_10 == pytest.approx(ndcg["fused"])
+    serving = read_serving(lake_for(load_settings()), published.run_id)
+    assert serving is not None and serving["ranker_version"] is None
+    assert "note: stage two ranked held-out users worse than the fused order" in summary_text(published)
+    with pytest.raises(ContractViolation, match=r"ranks held-out users worse than the fused order \(NDCG@10 0\.\d+ against"):
+        train_ranker(TrainRankerParams())  # retrained on the same run, it loses again: nothing served changes
+    assert read_serving(lake_for(load_settings()), published.run_id) == serving
 
 
 def test_fused_candidates_below_popularity_fail_the_run_and_publish_nothing(
