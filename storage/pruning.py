@@ -3,7 +3,7 @@
 The warehouse decides what is old (`Warehouse.prune_runs`: the keep rules, never the latest published run nor a run
 whose attempt holds a live lease); the lake then loses those runs' folders (``runs/<date>/<run_id>/``: inputs'
 snapshots, shards, scores, Data Docs pages), their serving features (``serving/<run_id>/``), the folders of failed
-attempts a later publication superseded, and the partitions of run dates no published run is left for.
+attempts and of replaced runs a later publication superseded, and the partitions of run dates no published run is left for.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # Statuses of runs that were published once: a flow hook must never overwrite them.
 ONCE_PUBLISHED = ("published", "replaced", "rolled_back", "pruned")
 RUN_DATA_TABLES = ("item_scores", "user_candidates", "quarantine", "retrieval_metrics")
+REPLACEABLE_TABLES = ("item_scores", "user_candidates")  # a replaced run keeps its rows here until its replacement is final
 
 
 class SqlWarehouse(Warehouse):
@@ -291,22 +292,24 @@ def _live_runs(session: Session) -> set[str]:
 
 
 def _superseded_attempts(session: Session) -> set[str]:
-    """Return the failed, interrupted or abandoned attempts of a run_date that a later publication of it superseded."""
+    """Return the runs a later publication of their run_date superseded: failed, interrupted or abandoned attempts,
+    and replaced runs whose rows are gone (a replaced run with rows left is a retraction's way back)."""
     rows = session.run(
         "SELECT a.run_id FROM scoring_runs a WHERE a.status IN ('failed', 'interrupted', 'running') AND EXISTS ("
         "SELECT 1 FROM scoring_runs p WHERE p.run_date = a.run_date AND p.run_id <> a.run_id "
         "AND p.published_at IS NOT NULL AND p.published_at > a.started_at)"
     )
-    return {row[0] for row in rows}
+    replaced = {row[0] for row in session.run("SELECT run_id FROM scoring_runs WHERE status = 'replaced'")}
+    return {row[0] for row in rows} | (replaced - _runs_with_rows(session, replaced, REPLACEABLE_TABLES))
 
 
-def _runs_with_rows(session: Session, run_ids: set[str]) -> set[str]:
-    """Return the run_ids among run_ids that still have rows in a run data table."""
+def _runs_with_rows(session: Session, run_ids: set[str], tables: tuple[str, ...] = RUN_DATA_TABLES) -> set[str]:
+    """Return the run_ids among run_ids that still have rows in one of tables (by default every run data table)."""
     if not run_ids:
         return set()
     marks = ", ".join("?" for _ in run_ids)
-    union = " UNION ".join(f"SELECT DISTINCT run_id FROM {table} WHERE run_id IN ({marks})" for table in RUN_DATA_TABLES)
-    return {row[0] for row in session.run(union, sorted(run_ids) * len(RUN_DATA_TABLES))}
+    union = " UNION ".join(f"SELECT DISTINCT run_id FROM {table} WHERE run_id IN ({marks})" for table in tables)
+    return {row[0] for row in session.run(union, sorted(run_ids) * len(tables))}
 
 
 def _published_among(session: Session, run_ids: set[str]) -> set[str]:

@@ -113,22 +113,31 @@ def test_prune_removes_the_lake_folders_of_pruned_and_superseded_runs(
     (bad / "interactions.parquet").write_bytes((good / "interactions.parquet").read_bytes())
     with pytest.raises(ContractViolation):
         run(bad, "2026-11-30")  # a failed attempt of the date...
-    latest = run(good, "2026-11-30")  # ...superseded by its publication
+    replaced = run(good, "2026-11-30")  # ...superseded by its publication, which the date's next run replaces
+    latest = run(good, "2026-11-30")
     runs = dict(warehouse_for(load_settings()).query("SELECT run_id, status FROM scoring_runs").rows)
     [failed] = [run_id for run_id, status in runs.items() if status == "failed"]
+    assert runs[replaced] == "replaced"
     lake = Path(load_settings().lake_root)
-    folders = {
-        run_id: lake / "runs" / day / run_id
-        for run_id, day in ((old[0], "2026-11-27"), (old[1], "2026-11-28"), (failed, "2026-11-30"), (latest, "2026-11-30"))
-    }
+    dated = ((old[0], "2026-11-27"), (old[1], "2026-11-28"), (failed, "2026-11-30"), (replaced, "2026-11-30"))
+    folders = {run_id: lake / "runs" / day / run_id for run_id, day in (*dated, (latest, "2026-11-30"))}
     assert all(path.is_dir() for path in folders.values())
     capsys.readouterr()
 
+    # all three published runs are kept: only the failed attempt and the replaced run (and its serving folder) go
+    assert cli.main(["prune", "--keep-runs", "3", "--home", str(tiny)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"pruned 0 run\(s\); removed 3 lake folder\(s\), [0-9.]+ MB", out), out
+    assert [run_id for run_id, path in folders.items() if path.exists()] == [*old, latest]
+    assert not (lake / "serving" / replaced).exists()
+
     assert cli.main(["prune", "--keep-runs", "1", "--home", str(tiny)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"pruned 3 run\(s\); removed 5 lake folder\(s\), [0-9.]+ MB", out), out  # 2 runs + 2 features + 1 attempt
+    # the old runs' rows go, and the quarantine and metrics rows of the attempt and the replaced run; 2 runs + 2 features
+    assert re.search(r"pruned 4 run\(s\); removed 4 lake folder\(s\), [0-9.]+ MB", out), out
     assert [run_id for run_id, path in folders.items() if path.exists()] == [latest]
-    assert not (lake / "serving" / old[0]).exists() and (lake / "serving" / latest).is_dir()
+    assert not (lake / "serving" / old[0]).exists() and not (lake / "serving" / replaced).exists()
+    assert (lake / "serving" / latest).is_dir()
     partitions = sorted(p.name for p in (lake / "outputs" / "item_scores").iterdir() if not p.name.startswith("_"))
     assert partitions == ["run_date=2026-11-30"]
     assert warehouse_for(load_settings()).query("SELECT run_id FROM latest_run").rows == [(latest,)]
