@@ -6,6 +6,7 @@ The big data stays in the run's folder of the lake, named by the URIs these reco
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -181,6 +182,15 @@ class MethodQuality:
     ndcg_at_10: float | None
     cold_recall_at_k: float | None
     coverage_at_k: float | None
+
+
+def stage_two_loss(quality: Sequence[MethodQuality]) -> tuple[float, float] | None:
+    """Return (the better stage two's NDCG@10, the fused order's) when stage two ranked held-out users worse, else None."""
+    ndcg = {q.method: q.ndcg_at_10 for q in quality if q.ndcg_at_10 is not None}
+    ranked = [v for method, v in ndcg.items() if method.startswith("ranked_")]
+    if not ranked or "fused" not in ndcg or max(ranked) >= ndcg["fused"]:
+        return None
+    return max(ranked), ndcg["fused"]
 
 
 @dataclass(frozen=True)

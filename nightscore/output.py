@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from core import progress
-from core.records import MethodQuality, Published, RunRecord, TrainedRanker
+from core.records import MethodQuality, Published, RunRecord, TrainedRanker, stage_two_loss
 from models.encoder.spec import Calibration
 from storage.warehouse.base import QueryResult
 
@@ -273,13 +273,12 @@ def candidate_notes(r: RunRecord) -> list[str]:
 
 def stage_two_note(r: RunRecord, quality: Sequence[MethodQuality]) -> list[str]:
     """Return the note on a stage two that was trained but not served (it lost to the fused order), else nothing."""
-    ndcg = {q.method: q.ndcg_at_10 for q in quality if q.ndcg_at_10 is not None}
-    ranked = [v for method, v in ndcg.items() if method.startswith("ranked_")]
-    if r.ranker_version or not ranked or "fused" not in ndcg or max(ranked) >= ndcg["fused"]:
+    loss = None if r.ranker_version else stage_two_loss(quality)
+    if loss is None:
         return []
     return [
-        f"  note: stage two ranked held-out users worse than the fused order (NDCG@10 {max(ranked):.3f} against"
-        f" {ndcg['fused']:.3f}): no ranker is served, the candidates keep the fused order"
+        f"  note: stage two ranked held-out users worse than the fused order (NDCG@10 {loss[0]:.3f} against"
+        f" {loss[1]:.3f}): no ranker is served, the candidates keep the fused order"
     ]
 
 

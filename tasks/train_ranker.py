@@ -10,16 +10,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from core.errors import ContractViolation, UsageError
-from core.records import RunRef, TrainedRanker
+from core.records import RunRef, TrainedRanker, stage_two_loss
 from core.settings import current_settings
 from models.recommender.candidate_stage import evaluate, tune
-from models.recommender.evaluation import metric_value, time_split
+from models.recommender.evaluation import time_split
 from models.recommender.ranker_models import scorer_to_bytes
 from models.recommender.sources.base import encode_run
 from storage.artifacts import publish_scorer, ranker_folder, read_serving, rebind_ranker
 from storage.candidate_payload import feature_set_id
 from storage.resources import lake_for, warehouse_for
-from tasks.candidates import candidate_config, catalogue_items, item_chunks
+from tasks.candidates import candidate_config, catalogue_items, item_chunks, method_quality
 from tasks.start import run_ref, saved_run
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,10 @@ def train(run: RunRef) -> TrainedRanker:
 
 def _not_served(run_id: str, metrics: pl.DataFrame) -> UsageError | ContractViolation:
     """Return why the evaluation kept no ranker: no labelled row to learn from, or both kinds lost to the fused order."""
-    ranked = [metric_value(metrics, m, "ndcg_at_10") for m in metrics.get_column("method").unique() if m.startswith("ranked_")]
-    if not ranked:
+    loss = stage_two_loss(method_quality(metrics))
+    if loss is None:
         return UsageError(f"run {run_id}: no held-out interaction to train a ranker on")
     return ContractViolation(
-        f"run {run_id}: the retrained ranker ranks held-out users worse than the fused order (NDCG@10 {max(ranked):.4f}"
-        f" against {metric_value(metrics, 'fused', 'ndcg_at_10'):.4f}): the run keeps the ranker it serves"
+        f"run {run_id}: the retrained ranker ranks held-out users worse than the fused order (NDCG@10 {loss[0]:.4f}"
+        f" against {loss[1]:.4f}): the run keeps the ranker it serves"
     )
